@@ -1,0 +1,106 @@
+"""Command line: `compile MODEL.onnx ...` and `shardbound {compile,run,inspect} ...`.
+
+User errors (bad model, bad box, bad flag) print one line naming the file and node or field,
+and exit with code 2; they never show a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from shardbound.compiler.errors import ShardboundError
+from shardbound.runtime.main import add_run_arguments, guarded
+
+MODES = ("single",)
+SUMMATIONS = ("fast",)
+
+
+def _add_compile_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL.onnx", help="the ONNX network to compile")
+    p.add_argument("-o", "--out", metavar="DIR",
+                   help="output directory (default: MODEL_shardbound next to the model)")
+    _add_plan_arguments(p)
+    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+
+
+def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mode", choices=MODES, default="single",
+                   help="sharding mode (default single)")
+    p.add_argument("--method", choices=("ibp", "crown"), default="crown",
+                   help="default bound method of the program (default crown)")
+    p.add_argument("--intermediate", choices=("crown", "ibp"), default="crown",
+                   help="how CROWN bounds the inputs of ReLUs (default crown)")
+    p.add_argument("--summation", choices=SUMMATIONS, default="fast",
+                   help="summation order of every contraction (default fast)")
+
+
+def _options(args):
+    from shardbound.passes.manager import PassOptions
+
+    return PassOptions(mode=args.mode, method=args.method, intermediate=args.intermediate,
+                       summation=args.summation)
+
+
+def _compile(args) -> int:
+    from shardbound.compiler.driver import compile_model
+
+    out = args.out or os.path.splitext(args.model)[0] + "_shardbound"
+    graph = compile_model(args.model, out, _options(args))
+    if not args.quiet:
+        params = sum(int(v.size) for v in graph.tensors.values())
+        print(f"compiled {graph.source}: {len(graph.nodes)} nodes, {params} parameters, "
+              f"mode {args.mode} -> {out}/program.py")
+    return 0
+
+
+def _inspect(args) -> int:
+    from shardbound.compiler.driver import inspect_model
+
+    sys.stdout.write(inspect_model(args.model, _options(args), raw=args.raw))
+    return 0
+
+
+def _run(args) -> int:
+    from shardbound.runtime.main import run
+
+    return run(args.dir, args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shardbound",
+        description="Compile ONNX networks into sharded, deterministic bound-propagation programs.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser("compile", help="compile MODEL.onnx into a program directory")
+    _add_compile_arguments(p)
+    p.set_defaults(fn=_compile)
+    p = sub.add_parser("run", help="bound a compiled program over an input box")
+    p.add_argument("dir", metavar="DIR", help="a directory written by `compile`")
+    add_run_arguments(p)
+    p.set_defaults(fn=_run)
+    p = sub.add_parser("inspect", help="print the bound IR of a model, one line per node")
+    p.add_argument("model", metavar="MODEL.onnx")
+    _add_plan_arguments(p)
+    p.add_argument("--raw", action="store_true", help="the IR as imported, before any pass")
+    p.set_defaults(fn=_inspect)
+    return parser
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
+    sys.exit(guarded(args.fn, args))
+
+
+def compile_main(argv=None) -> None:
+    """The `compile` console script: `compile MODEL.onnx --mode single -o DIR`."""
+    parser = argparse.ArgumentParser(prog="compile", description="Compile an ONNX network into a "
+                                     "shardbound program directory.")
+    _add_compile_arguments(parser)
+    args = parser.parse_args(argv)
+    sys.exit(guarded(_compile, args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""Render a planned IR graph into a program directory: program.py, weights.safetensors, plan.json.
+
+Everything written is a pure function of the graph and the options: no timestamps, absolute
+paths or dict-order accidents, so compiling twice gives byte-identical directories. No ONNX
+string reaches program.py except as an identifier from `naming.Namespace` or as an escaped,
+one-line literal inside a comment; attribute values are checked to be plain numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import jinja2
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+import shardbound
+from shardbound.compiler.ir import Graph
+from shardbound.compiler.naming import comment_text, is_identifier
+from shardbound.runtime.ops import OP_TYPES
+
+PLAN_FORMAT = "shardbound-plan/1"
+
+
+def literal(value) -> str:
+    """A Python literal for a number, bool, str identifier or a (nested) tuple/list/dict of them;
+    anything else is refused, so no untrusted text can become code."""
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    if isinstance(value, (int, np.integer)):
+        return repr(int(value))
+    if isinstance(value, (float, np.floating)):
+        v = float(value)
+        if not np.isfinite(v):
+            raise ValueError(f"non-finite attribute {v!r}")
+        return repr(v)
+    if isinstance(value, str):
+        if not (is_identifier(value) or value in ("crown", "ibp")):
+            raise ValueError(f"refusing to render string {value!r} as code")
+        return repr(value)
+    if isinstance(value, (tuple, list)):
+        items = [literal(v) for v in value]
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{literal(k)}: {literal(v)}" for k, v in sorted(value.items())) + "}"
+    raise ValueError(f"refusing to render {type(value).__name__} as code")
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("shardbound.templates", ""),
+        undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+        trim_blocks=True, lstrip_blocks=True, autoescape=False)
+    env.filters["literal"] = literal
+    env.filters["comment"] = comment_text
+    return env
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """What the template needs of one node (all fields already safe to render)."""
+    name: str
+    op: str
+    cls: str
+    inputs: tuple[str, ...]
+    in_shapes: tuple[tuple[int, ...], ...]
+    shape: tuple[int, ...]
+    params: tuple[tuple[str, str], ...]
+    attrs: tuple[tuple[str, object], ...]
+    origin: str
+    notes: tuple[str, ...]
+
+
+def _notes(graph: Graph, name: str) -> tuple[str, ...]:
+    notes = []
+    how = graph.annotation("bounds", name)
+    if how:
+        notes.append(f"bounds: intermediate bounds by {how} (this node feeds a ReLU)")
+    for key in sorted(graph.annotations):
+        if key == "bounds":
+            continue
+        value = graph.annotations[key].get(name)
+        if value is not None:
+            notes.append(f"{key}: {comment_text(str(value), 100)[1:-1]}")
+    return tuple(notes)
+
+
+def node_views(graph: Graph) -> list[NodeView]:
+    shapes = {n.name: n.shape for n in graph.nodes}
+    views = []
+    for n in graph.nodes:
+        for ident in (n.name, *n.inputs, *(k for _, k in n.params)):
+            if not is_identifier(ident.replace(".", "_")):
+                raise ValueError(f"unsafe identifier {ident!r} reached codegen")
+        views.append(NodeView(
+            name=n.name, op=n.op, cls=OP_TYPES[n.op].__name__, inputs=n.inputs,
+            in_shapes=tuple(shapes[i] for i in n.inputs) if n.inputs else (n.shape,),
+            shape=n.shape, params=n.params, attrs=n.attrs, origin=n.origin,
+            notes=_notes(graph, n.name)))
+    return views
+
+
+def render_program(graph: Graph, options) -> str:
+    tensors = {k: np.asarray(v) for k, v in graph.tensors.items()}
+    return _environment().get_template("program.py.j2").render(
+        version=shardbound.__version__, source=graph.source, mode=options.mode,
+        method=options.method, intermediate=options.intermediate, summation=options.summation,
+        nodes=node_views(graph), tensors=tensors, output=graph.output,
+        input_shape=graph.input.shape, output_shape=graph.node(graph.output).shape,
+        param_count=sum(int(v.size) for v in tensors.values()),
+        param_bytes=sum(int(v.size) * 4 for v in tensors.values()),
+        intermediate_plan=dict(graph.annotations.get("bounds", {})))
+
+
+def plan_dict(graph: Graph, options, passes: list[str]) -> dict:
+    return {
+        "format": PLAN_FORMAT,
+        "shardbound_version": shardbound.__version__,
+        "source": graph.source,
+        "mode": options.mode, "method": options.method,
+        "intermediate": options.intermediate, "summation": options.summation,
+        "passes": list(passes),
+        "input": {"onnx_name": graph.input_name, "node": graph.input.name,
+                  "shape": list(graph.input.shape)},
+        "output": {"node": graph.output, "shape": list(graph.node(graph.output).shape)},
+        "nodes": [{"name": n.name, "op": n.op, "origin": n.origin, "inputs": list(n.inputs),
+                   "shape": list(n.shape), "params": dict(n.params),
+                   "annotations": {k: v[n.name] for k, v in sorted(graph.annotations.items())
+                                   if n.name in v}}
+                  for n in graph.nodes],
+    }
+
+
+def write_program(graph: Graph, options, passes: list[str], out_dir: str) -> None:
+    """Write the three files of a compiled program into `out_dir` (created if missing)."""
+    os.makedirs(out_dir, exist_ok=True)
+    program = render_program(graph, options)
+    with open(os.path.join(out_dir, "program.py"), "w", encoding="utf-8", newline="\n") as f:
+        f.write(program)
+    with open(os.path.join(out_dir, "plan.json"), "w", encoding="utf-8", newline="\n") as f:
+        json.dump(plan_dict(graph, options, passes), f, indent=1, sort_keys=True)
+        f.write("\n")
+    tensors = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32))
+               for k, v in sorted(graph.tensors.items())}
+    save_file(tensors, os.path.join(out_dir, "weights.safetensors"),
+              metadata={"format": "pt", "producer": "shardbound"})

@@ -1,0 +1,162 @@
+"""ONNX file -> bound IR.
+
+onnx.load -> onnx.checker -> onnx-graphsurgeon import (cleanup, toposort) -> for each node in
+order: fold it if every input is a constant (onnx.reference evaluates it), else lower it with
+the registered handler. Old-style models whose initializers are also graph inputs load as they
+are: graphsurgeon treats those inputs as constants.
+"""
+
+from __future__ import annotations
+
+import os
+from types import MappingProxyType
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from shardbound.compiler.context import Computed, LoweringContext
+from shardbound.compiler.errors import ShardboundError
+from shardbound.compiler.ir import Graph, Node
+from shardbound.compiler.lowering import find_handler, supported_ops
+
+DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def load_model(path: str) -> onnx.ModelProto:
+    """Read and check an untrusted ONNX file; every failure is a one-line ShardboundError."""
+    name = os.path.basename(path)
+    if not os.path.isfile(path):
+        raise ShardboundError(f"{path}: no such file")
+    try:
+        model = onnx.load(path)
+    except Exception as e:  # protobuf raises several unrelated types on garbage
+        raise ShardboundError(f"{name}: not a readable ONNX model ({type(e).__name__}); "
+                              "check that the file is a complete .onnx export") from None
+    if not model.graph.node:
+        raise ShardboundError(f"{name}: the model has no nodes (empty or not an ONNX graph)")
+    try:
+        onnx.checker.check_model(model)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ShardboundError(f"{name}: the ONNX checker rejects the model: {first}") from None
+    return model
+
+
+def model_opset(model: onnx.ModelProto) -> int:
+    for imp in model.opset_import:
+        if imp.domain in DEFAULT_DOMAINS:
+            return int(imp.version)
+    return 1
+
+
+def import_onnx(path: str) -> Graph:
+    """Lower the model at `path` into a bound IR graph (before any pass)."""
+    model = load_model(path)
+    source = os.path.basename(path)
+    opset = model_opset(model)
+    try:
+        model = onnx.shape_inference.infer_shapes(model)
+    except Exception:
+        pass  # shapes are recomputed by our own ops; inference only helps graphsurgeon
+    graph = gs.import_onnx(model)
+    graph.cleanup().toposort()
+    ctx = LoweringContext(source, opset)
+    input_name = _lower_input(ctx, graph)
+    for node in graph.nodes:
+        ctx.onnx_node = node
+        _lower_node(ctx, node, opset)
+    ctx.onnx_node = None
+    out = _single_output(ctx, graph)
+    return Graph(nodes=tuple(ctx.nodes), tensors=MappingProxyType(dict(ctx.tensors)),
+                 output=out.node, source=source, input_name=input_name)
+
+
+def _lower_input(ctx: LoweringContext, graph) -> str:
+    for t in graph.inputs:        # (initializer-inputs were turned into constants already)
+        if isinstance(t, gs.Constant):
+            ctx.set_const(t, t.values)
+    for t in graph.tensors().values():
+        if isinstance(t, gs.Constant):
+            ctx.set_const(t, t.values)
+    inputs = [t for t in graph.inputs if isinstance(t, gs.Variable)]
+    if len(inputs) != 1:
+        names = ", ".join(repr(t.name) for t in inputs) or "none"
+        raise ShardboundError(f"{ctx.source}: the model has {len(inputs)} inputs ({names}); "
+                              "shardbound bounds models with exactly one input tensor")
+    x = inputs[0]
+    if x.dtype is not None and np.dtype(x.dtype).kind != "f":
+        raise ShardboundError(f"{ctx.source}: input {x.name!r} has type {np.dtype(x.dtype)}; "
+                              "a floating-point input is required")
+    shape = list(x.shape or [])
+    if not shape:
+        raise ShardboundError(f"{ctx.source}: input {x.name!r} has no static shape; "
+                              "re-export the model with a fixed input shape")
+    dims = []
+    for i, d in enumerate(shape):
+        if i == 0 and (not isinstance(d, int) or d in (1, -1)):
+            continue  # the batch axis: symbolic or 1
+        if not isinstance(d, int) or d <= 0:
+            raise ShardboundError(f"{ctx.source}: input {x.name!r} has a dynamic dimension "
+                                  f"{d!r} at axis {i} (shape {shape}); re-export the model with "
+                                  "a fixed input shape")
+        dims.append(int(d))
+    if isinstance(shape[0], int) and shape[0] not in (1, -1):
+        raise ShardboundError(f"{ctx.source}: input {x.name!r} has shape {shape}; the first "
+                              "axis must be a batch axis of size 1 (or symbolic)")
+    name = ctx.names.name("input")
+    ctx.nodes.append(Node(name=name, op="input", inputs=(), shape=tuple(dims),
+                          origin=f"input {x.name!r}"))
+    ctx.alias(x, Computed(name, tuple(dims)))
+    return x.name
+
+
+def _lower_node(ctx: LoweringContext, node, opset: int) -> None:
+    domain = node.domain or ""
+    if domain not in DEFAULT_DOMAINS:
+        raise ctx.error(f"op domain {domain!r} is not supported (only the default ONNX domain)")
+    inputs = [t for t in node.inputs if t.name != ""]
+    if node.op != "Constant" and inputs and all(ctx.is_const(t) for t in inputs):
+        _fold(ctx, node, opset)
+        return
+    handler = find_handler(node.op, opset)
+    if handler is None:
+        raise ctx.error(f"op {node.op} is not supported; supported ops: {', '.join(supported_ops())}")
+    handler(ctx, node)
+
+
+def _fold(ctx: LoweringContext, node, opset: int) -> None:
+    """Evaluate a node whose inputs are all constants with the ONNX reference evaluator."""
+    names = [t.name for t in node.inputs]
+    attrs = {}
+    for k, v in node.attrs.items():
+        if isinstance(v, gs.Constant):
+            v = numpy_helper.from_array(np.asarray(v.values))
+        elif isinstance(v, gs.Graph):
+            raise ctx.error("ops with subgraphs are not supported")
+        attrs[k] = v
+    proto = helper.make_node(node.op, names, [t.name for t in node.outputs], **attrs)
+    inits = [numpy_helper.from_array(np.asarray(ctx.values[n]), n) for n in dict.fromkeys(names) if n]
+    g = helper.make_graph([proto], "fold", [], [helper.make_value_info(t.name, onnx.TypeProto())
+                                                 for t in node.outputs], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    try:
+        results = ReferenceEvaluator(model).run(None, {})
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ctx.error(f"could not evaluate this constant subgraph: {first}") from None
+    for t, r in zip(node.outputs, results):
+        ctx.set_const(t, np.asarray(r))
+
+
+def _single_output(ctx: LoweringContext, graph) -> Computed:
+    if len(graph.outputs) != 1:
+        raise ShardboundError(f"{ctx.source}: the model has {len(graph.outputs)} outputs; "
+                              "shardbound bounds models with exactly one output")
+    out = graph.outputs[0]
+    value = ctx.values.get(out.name)
+    if not isinstance(value, Computed):
+        raise ShardboundError(f"{ctx.source}: output {out.name!r} does not depend on the input")
+    return value

@@ -1,0 +1,25 @@
+"""bound_plan: which nodes need intermediate bounds, and by which method.
+
+A ReLU's relaxation needs bounds on its input, so every node that feeds a ReLU is marked with
+the method that bounds it when the final method is CROWN: `crown` (a backward pass from that
+node, tighter) or `ibp` (one forward interval pass, cheaper). IBP as the final method needs no
+plan: it bounds everything on the way.
+"""
+
+from __future__ import annotations
+
+from shardbound.compiler.ir import Graph
+
+NONLINEAR = ("relu",)
+INTERMEDIATE_METHODS = ("crown", "ibp")
+
+
+def bound_plan(graph: Graph, options) -> Graph:
+    if options.intermediate not in INTERMEDIATE_METHODS:
+        raise ValueError(f"unknown intermediate method {options.intermediate!r}")
+    needs = {}
+    for n in graph.nodes:
+        if n.op in NONLINEAR:
+            for i in n.inputs:
+                needs[i] = options.intermediate
+    return graph.annotate("bounds", needs)

@@ -1,0 +1,91 @@
+"""The pass manager: an explicit, ordered list of named passes per mode, with a verifier.
+
+The verifier runs before and after the pipeline (and after every pass when `verify_each` is set,
+as the tests do). A failing pass raises PassError naming the pass and the passes before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from shardbound.compiler.errors import ShardboundError
+from shardbound.compiler.ir import Graph
+from shardbound.compiler.naming import is_identifier
+from shardbound.runtime.ops import OP_TYPES
+
+PassFn = Callable[[Graph, "PassOptions"], Graph]
+
+
+@dataclass(frozen=True)
+class PassOptions:
+    mode: str = "single"
+    method: str = "crown"              # the program's default final bound method
+    intermediate: str = "crown"        # how nodes feeding a ReLU are bounded under CROWN
+    summation: str = "fast"
+
+
+@dataclass(frozen=True)
+class Pass:
+    name: str
+    run: PassFn
+
+
+class PassError(Exception):
+    """A bug in a pass (not in the user's model): names the pass and what ran before it."""
+
+
+@dataclass
+class PassManager:
+    passes: list[Pass]
+    verify_each: bool = False
+    log: list[str] = field(default_factory=list)
+
+    def run(self, graph: Graph, options: PassOptions) -> Graph:
+        verify(graph, "import")
+        done: list[str] = []
+        for p in self.passes:
+            try:
+                graph = p.run(graph, options)
+                if self.verify_each:
+                    verify(graph, p.name)
+            except ShardboundError:
+                raise
+            except Exception as e:
+                before = ", ".join(done) or "none"
+                raise PassError(f"pass {p.name!r} failed (passes before it: {before}): "
+                                f"{type(e).__name__}: {e}") from e
+            done.append(p.name)
+            self.log.append(p.name)
+        verify(graph, done[-1] if done else "import")
+        return graph
+
+
+def verify(graph: Graph, after: str) -> None:
+    """Structural invariants every pass must keep."""
+    def fail(msg):
+        raise PassError(f"IR verifier failed after {after!r}: {msg}")
+
+    if not graph.nodes or graph.nodes[0].op != "input":
+        fail("the first node must be the input")
+    seen: set[str] = set()
+    for n in graph.nodes:
+        if not is_identifier(n.name):
+            fail(f"node name {n.name!r} is not a safe identifier")
+        if n.name in seen:
+            fail(f"duplicate node name {n.name!r}")
+        if n.op not in OP_TYPES:
+            fail(f"node {n.name!r} has unknown op {n.op!r}")
+        for i in n.inputs:
+            if i not in seen:
+                fail(f"node {n.name!r} reads {i!r} before it is defined")
+        for role, key in n.params:
+            if key not in graph.tensors:
+                fail(f"node {n.name!r} parameter {role} -> missing tensor {key!r}")
+        seen.add(n.name)
+    if graph.output not in seen:
+        fail(f"output {graph.output!r} is not a node")
+    for key, values in graph.annotations.items():
+        for name in values:
+            if name not in seen:
+                fail(f"annotation {key!r} refers to unknown node {name!r}")

@@ -1,0 +1,17 @@
+"""The ordered pass list for each mode."""
+
+from __future__ import annotations
+
+from shardbound.passes.bound_plan import bound_plan
+from shardbound.passes.canonicalize import canonicalize
+from shardbound.passes.manager import Pass, PassManager
+
+PIPELINES = {
+    "single": [Pass("canonicalize", canonicalize), Pass("bound_plan", bound_plan)],
+}
+
+
+def pipeline(mode: str, verify_each: bool = False) -> PassManager:
+    if mode not in PIPELINES:
+        raise ValueError(f"unknown mode {mode!r}")
+    return PassManager(list(PIPELINES[mode]), verify_each=verify_each)

@@ -1,0 +1,168 @@
+"""The bound engine: concrete forward, IBP and CROWN over a list of ops in topological order.
+
+A generated program builds a `Network` (one commented block per IR node) and everything else
+(the CLI, `runtime.load`, tests) drives it through this class. CROWN is the backward linear
+relaxation of Zhang et al. 2018 on a DAG: A-matrices flow from a target node back to the input,
+summed where a node has several consumers; the nodes that feed a ReLU get their bounds first,
+in topological order, by CROWN or IBP as the compiler's bound plan says.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from shardbound.runtime import contract
+from shardbound.runtime.errors import ShardboundError
+from shardbound.runtime.ops import Bounds, Op
+
+METHODS = ("ibp", "crown")
+
+
+class Network:
+    def __init__(self, nodes: Sequence[Op], output: str, intermediate: dict[str, str],
+                 order: str = "fast"):
+        """`intermediate` maps every node whose bounds a later relaxation needs to the method
+        ("crown" or "ibp") that computes them when the final method is CROWN."""
+        self.nodes = list(nodes)
+        self.by_name = {n.name: n for n in self.nodes}
+        self.input = self.nodes[0]
+        self.output = self.by_name[output]
+        self.intermediate = dict(intermediate)
+        self.order = order
+        self.consumers: dict[str, list[str]] = {n.name: [] for n in self.nodes}
+        for n in self.nodes:
+            for i in n.inputs:
+                self.consumers[i].append(n.name)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return self.input.shape
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        return self.output.shape
+
+    # -- concrete semantics ------------------------------------------------------------------
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, *input_shape) -> (B, *output_shape)."""
+        values: dict[str, torch.Tensor] = {}
+        for n in self.nodes:
+            values[n.name] = n.forward(*(values[i] for i in n.inputs)) if n.inputs else x
+        return values[self.output.name]
+
+    # -- interval bound propagation ----------------------------------------------------------
+    def ibp_all(self, lower: torch.Tensor, upper: torch.Tensor) -> dict[str, Bounds]:
+        bounds: dict[str, Bounds] = {}
+        for n in self.nodes:
+            bounds[n.name] = n.ibp(*(bounds[i] for i in n.inputs)) if n.inputs else (lower, upper)
+        return bounds
+
+    # -- CROWN -------------------------------------------------------------------------------
+    def crown(self, lower: torch.Tensor, upper: torch.Tensor, C: torch.Tensor | None = None
+              ) -> Bounds:
+        """Bounds of C @ output for each box; C is (S, out) or (B, S, out); result (B, S)."""
+        known: dict[str, Bounds] = {}
+        ibp = None
+        for n in self.nodes:
+            how = self.intermediate.get(n.name)
+            if how is None or n is self.input:
+                continue
+            if how == "ibp":
+                ibp = ibp or self.ibp_all(lower, upper)
+                known[n.name] = ibp[n.name]
+            else:
+                known[n.name] = self.crown_node(n, lower, upper, known)
+        A = self._spec_matrix(C, lower.shape[0])
+        return self.backward(self.output, A, lower, upper, known)
+
+    def crown_node(self, node: Op, lower, upper, known) -> Bounds:
+        """CROWN bounds of every neuron of `node` (an identity A-matrix), reshaped to it."""
+        B = lower.shape[0]
+        size = _numel(node.shape)
+        eye = torch.eye(size, dtype=lower.dtype).reshape(size, *node.shape)
+        A = eye.unsqueeze(0).expand(B, *eye.shape)
+        lo, hi = self.backward(node, A, lower, upper, known)
+        return lo.reshape(B, *node.shape), hi.reshape(B, *node.shape)
+
+    def backward(self, target: Op, A: torch.Tensor, lower, upper, known) -> Bounds:
+        """Propagate A (B, S, *target.shape) back to the input and concretise over the box."""
+        B, S = A.shape[:2]
+        lAs: dict[str, torch.Tensor] = {target.name: A}
+        uAs: dict[str, torch.Tensor] = {target.name: A}
+        l_bias = torch.zeros(B, S, dtype=A.dtype)
+        u_bias = torch.zeros(B, S, dtype=A.dtype)
+        stop = self.nodes.index(target)
+        for n in reversed(self.nodes[:stop + 1]):
+            if n.name not in lAs or n is self.input:
+                continue
+            lA, uA = lAs.pop(n.name), uAs.pop(n.name)
+            in_bounds = [known.get(i) for i in n.inputs]
+            l_in, u_in, lb, ub = n.crown_backward(lA, uA, in_bounds)
+            if lb is not None:
+                l_bias = l_bias + lb
+            if ub is not None:
+                u_bias = u_bias + ub
+            for name, la, ua in zip(n.inputs, l_in, u_in):
+                if name in lAs:
+                    lAs[name] = lAs[name] + la
+                    uAs[name] = uAs[name] + ua
+                else:
+                    lAs[name], uAs[name] = la, ua
+        lA, uA = lAs[self.input.name], uAs[self.input.name]
+        return (self._concretize(lA, lower, upper, lower_side=True) + l_bias,
+                self._concretize(uA, lower, upper, lower_side=False) + u_bias)
+
+    def _concretize(self, A, lower, upper, lower_side: bool) -> torch.Tensor:
+        """min (or max) of A x over the box: A.center -/+ |A|.radius, per row."""
+        B, S = A.shape[:2]
+        flat = A.reshape(B, S, -1)
+        center = ((upper + lower) / 2).reshape(B, 1, -1)
+        radius = ((upper - lower) / 2).reshape(B, 1, -1)
+        mid = contract.dot_last(flat, center, self.order)
+        spread = contract.dot_last(flat.abs(), radius, self.order)
+        return mid - spread if lower_side else mid + spread
+
+    def _spec_matrix(self, C, B: int) -> torch.Tensor:
+        out = _numel(self.output_shape)
+        if C is None:
+            C = torch.eye(out)
+        C = torch.as_tensor(C, dtype=torch.float32)
+        if C.dim() == 2:
+            C = C.unsqueeze(0).expand(B, *C.shape)
+        if C.dim() != 3 or C.shape[0] != B or C.shape[2] != out:
+            raise ShardboundError(
+                f"spec matrix C has shape {tuple(C.shape)}; expected (S, {out}) or ({B}, S, {out})")
+        return C.reshape(B, C.shape[1], *self.output_shape).contiguous()
+
+    # -- one entry point -----------------------------------------------------------------------
+    def bounds(self, lower: torch.Tensor, upper: torch.Tensor, C=None, method: str = "crown"
+               ) -> Bounds:
+        """Bounds (B, S) of C @ f(x) over the boxes; lower/upper are (B, *input_shape)."""
+        if method == "ibp":
+            lo, hi = self.ibp_all(lower, upper)[self.output.name]
+            B = lower.shape[0]
+            lo, hi = lo.reshape(B, -1), hi.reshape(B, -1)
+            if C is None:
+                return lo, hi
+            return _interval_matvec(self._spec_matrix(C, B).reshape(B, -1, lo.shape[1]), lo, hi,
+                                    self.order)
+        if method == "crown":
+            return self.crown(lower, upper, C)
+        raise ShardboundError(f"unknown bound method {method!r}; choose one of {', '.join(METHODS)}")
+
+
+def _interval_matvec(C, lo, hi, order) -> Bounds:
+    """Bounds of C y for y in [lo, hi] (interval arithmetic, per box)."""
+    center, radius = ((hi + lo) / 2).unsqueeze(1), ((hi - lo) / 2).unsqueeze(1)
+    mid = contract.dot_last(C, center, order)
+    spread = contract.dot_last(C.abs(), radius, order)
+    return mid - spread, mid + spread
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n

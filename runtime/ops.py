@@ -1,0 +1,333 @@
+"""Bound kernels: one class per IR op kind, each with a concrete forward, IBP and a CROWN step.
+
+Shapes are per sample: a runtime tensor has shape (B, *shape) where B counts boxes. A CROWN
+A-matrix flowing into a node has shape (B, S, *node.shape): S rows (spec rows or neurons whose
+bounds are being computed). `crown_backward` maps the lower and upper A-matrices of a node to
+those of its inputs and returns the bias terms the node adds; linear ops share one code path
+for both sides (and compute it once while both sides are still the same tensor).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from shardbound.runtime import contract
+
+Bounds = tuple[torch.Tensor, torch.Tensor]
+
+
+class Op:
+    """Base class. Subclasses set `kind` and implement forward, ibp and backward_linear (or
+    crown_backward for non-linear ops)."""
+
+    kind = "op"
+    param_roles: tuple[str, ...] = ()
+
+    def __init__(self, name: str, inputs: Sequence[str], in_shapes: Sequence[Sequence[int]],
+                 shape: Sequence[int] | None = None, params: dict | None = None,
+                 order: str = "fast", **attrs):
+        self.name = name
+        self.inputs = tuple(inputs)
+        self.in_shapes = tuple(tuple(int(d) for d in s) for s in in_shapes)
+        self.params = dict(params or {})
+        self.order = order
+        self.attrs = attrs
+        self.setup(**attrs)
+        self.shape = tuple(int(d) for d in shape) if shape is not None else self.infer_shape()
+
+    def setup(self, **attrs) -> None:
+        if attrs:
+            raise TypeError(f"{self.kind} takes no attributes, got {sorted(attrs)}")
+
+    def param(self, role: str) -> torch.Tensor | None:
+        return self.params.get(role)
+
+    def infer_shape(self) -> tuple[int, ...]:
+        with torch.no_grad():
+            xs = [torch.zeros((1, *s)) for s in self.in_shapes]
+            return tuple(self.forward(*xs).shape[1:])
+
+    # -- the three semantics -------------------------------------------------------------
+    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def ibp(self, *bounds: Bounds) -> Bounds:
+        raise NotImplementedError
+
+    def backward_linear(self, A: torch.Tensor) -> tuple[list[torch.Tensor | None], torch.Tensor | None]:
+        """A (B, S, *shape) -> (A for each input, bias (B, S) or None)."""
+        raise NotImplementedError
+
+    def crown_backward(self, lA: torch.Tensor, uA: torch.Tensor,
+                       in_bounds: Sequence[Bounds | None]):
+        """Default for linear ops: the same map on both sides."""
+        l_in, l_bias = self.backward_linear(lA)
+        if uA is lA:
+            return l_in, l_in, l_bias, l_bias
+        u_in, u_bias = self.backward_linear(uA)
+        return l_in, u_in, l_bias, u_bias
+
+    # -- helpers -------------------------------------------------------------------------
+    def _rows(self, A: torch.Tensor) -> tuple[int, int]:
+        return A.shape[0], A.shape[1]
+
+
+def _center_radius(lo: torch.Tensor, hi: torch.Tensor) -> Bounds:
+    return (hi + lo) / 2, (hi - lo) / 2
+
+
+class Input(Op):
+    """The network input; bounds are the box itself."""
+
+    kind = "input"
+
+    def infer_shape(self):
+        return self.in_shapes[0]
+
+    def forward(self, x):
+        return x
+
+    def ibp(self, b):
+        return b
+
+
+class Linear(Op):
+    """y = x @ W.T + b over the last axis; W is (N, K), contiguous (transB resolved at compile
+    time so every mode multiplies the same layout)."""
+
+    kind = "linear"
+    param_roles = ("weight", "bias")
+
+    def _affine(self, x, w, with_bias=True):
+        y = contract.matmul(x, w, self.order)
+        b = self.param("bias")
+        return y + b if (with_bias and b is not None) else y
+
+    def forward(self, x):
+        return self._affine(x, self.param("weight"))
+
+    def ibp(self, b):
+        c, r = _center_radius(*b)
+        yc = self._affine(c, self.param("weight"))
+        yr = contract.matmul(r, self.param("weight").abs(), self.order)
+        return yc - yr, yc + yr
+
+    def backward_linear(self, A):
+        w = self.param("weight")
+        # A (..., N) @ W (N, K): contract over N with W.T as the (K, N) operand.
+        A_in = contract.matmul(A, w.t().contiguous(), self.order)
+        b = self.param("bias")
+        bias = None
+        if b is not None:
+            bias = contract.dot_last(A, b, self.order)
+            while bias.dim() > 2:
+                bias = contract.sum_last(bias, self.order)
+        return [A_in], bias
+
+
+class Conv2d(Op):
+    """2-D convolution (NCHW per sample: (C, H, W)); pads are (top, left, bottom, right)."""
+
+    kind = "conv2d"
+    param_roles = ("weight", "bias")
+
+    def setup(self, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), groups=1):
+        self.strides = tuple(strides)
+        self.pads = tuple(pads)
+        self.dilations = tuple(dilations)
+        self.groups = int(groups)
+
+    def _conv(self, x, w, with_bias=True):
+        pt, pl, pb, pr = self.pads
+        if (pt, pl) == (pb, pr):
+            padding = (pt, pl)
+        else:
+            x = F.pad(x, (pl, pr, pt, pb))
+            padding = (0, 0)
+        b = self.param("bias") if with_bias else None
+        return F.conv2d(x, w, b, self.strides, padding, self.dilations, self.groups)
+
+    def forward(self, x):
+        return self._conv(x, self.param("weight"))
+
+    def ibp(self, b):
+        c, r = _center_radius(*b)
+        yc = self._conv(c, self.param("weight"))
+        yr = self._conv(r, self.param("weight").abs(), with_bias=False)
+        return yc - yr, yc + yr
+
+    def backward_linear(self, A):
+        B, S = self._rows(A)
+        w = self.param("weight")
+        C_in, H, W = self.in_shapes[0]
+        pt, pl, pb, pr = self.pads
+        Hp, Wp = H + pt + pb, W + pl + pr
+        Ho, Wo = self.shape[1:]
+        kh, kw = w.shape[2:]
+        (sh, sw), (dh, dw) = self.strides, self.dilations
+        out_pad = (Hp - ((Ho - 1) * sh + dh * (kh - 1) + 1), Wp - ((Wo - 1) * sw + dw * (kw - 1) + 1))
+        flat = A.reshape(B * S, *self.shape)
+        A_pad = F.conv_transpose2d(flat, w, None, self.strides, 0, out_pad, self.groups, self.dilations)
+        A_in = A_pad[:, :, pt:pt + H, pl:pl + W].reshape(B, S, C_in, H, W)
+        b = self.param("bias")
+        bias = None
+        if b is not None:
+            per_channel = contract.sum_last(A.reshape(B, S, self.shape[0], Ho * Wo), self.order)
+            bias = contract.dot_last(per_channel, b, self.order)
+        return [A_in], bias
+
+
+class Affine(Op):
+    """y = x * scale + shift, elementwise with constants broadcast to the sample shape (folded
+    BatchNorm, input normalisation, Mul/Div/Sub/Neg by constants, average-pool divisors)."""
+
+    kind = "affine"
+    param_roles = ("scale", "shift")
+
+    def forward(self, x):
+        s, t = self.param("scale"), self.param("shift")
+        y = x * s if s is not None else x
+        return y + t if t is not None else y
+
+    def ibp(self, b):
+        lo, hi = b
+        s = self.param("scale")
+        if s is not None:
+            a, c = lo * s, hi * s
+            lo, hi = torch.minimum(a, c), torch.maximum(a, c)
+        t = self.param("shift")
+        if t is not None:
+            lo, hi = lo + t, hi + t
+        return lo, hi
+
+    def backward_linear(self, A):
+        B, S = self._rows(A)
+        s, t = self.param("scale"), self.param("shift")
+        A_in = A * s if s is not None else A
+        bias = None
+        if t is not None:
+            full = t.expand(self.shape).reshape(-1)
+            bias = contract.dot_last(A.reshape(B, S, -1), full, self.order)
+        return [A_in], bias
+
+
+class Add(Op):
+    """y = sum_i coeffs[i] * x_i over computed tensors of one shape (residual Add, Sub)."""
+
+    kind = "add"
+
+    def setup(self, coeffs=(1.0, 1.0)):
+        self.coeffs = tuple(float(c) for c in coeffs)
+        if len(self.coeffs) != len(self.inputs):
+            raise TypeError("add needs one coefficient per input")
+
+    def forward(self, *xs):
+        y = None
+        for c, x in zip(self.coeffs, xs):
+            term = x if c == 1.0 else x * c
+            y = term if y is None else y + term
+        return y
+
+    def ibp(self, *bounds):
+        lo = hi = None
+        for c, (l, u) in zip(self.coeffs, bounds):
+            tl, tu = (l * c, u * c) if c >= 0 else (u * c, l * c)
+            lo = tl if lo is None else lo + tl
+            hi = tu if hi is None else hi + tu
+        return lo, hi
+
+    def backward_linear(self, A):
+        return [A if c == 1.0 else A * c for c in self.coeffs], None
+
+
+class Reshape(Op):
+    """A pure layout change; the element order (row-major) is kept."""
+
+    kind = "reshape"
+
+    def setup(self, target=()):
+        self.target = tuple(int(d) for d in target)
+
+    def forward(self, x):
+        return x.reshape(x.shape[0], *self.target)
+
+    def ibp(self, b):
+        return self.forward(b[0]), self.forward(b[1])
+
+    def backward_linear(self, A):
+        B, S = self._rows(A)
+        return [A.reshape(B, S, *self.in_shapes[0])], None
+
+
+class Transpose(Op):
+    """A permutation of the sample axes (the batch axis stays first)."""
+
+    kind = "transpose"
+
+    def setup(self, perm=()):
+        self.perm = tuple(int(p) for p in perm)
+
+    def forward(self, x):
+        return x.permute(0, *(p + 1 for p in self.perm)).contiguous()
+
+    def ibp(self, b):
+        return self.forward(b[0]), self.forward(b[1])
+
+    def backward_linear(self, A):
+        inverse = [0] * len(self.perm)
+        for i, p in enumerate(self.perm):
+            inverse[p] = i
+        return [A.permute(0, 1, *(p + 2 for p in inverse)).contiguous()], None
+
+
+class Relu(Op):
+    """CROWN relaxation: upper line through (l, 0) and (u, u); lower slope 1 where u > -l,
+    else 0 (and exact on stable neurons)."""
+
+    kind = "relu"
+
+    def forward(self, x):
+        return torch.clamp(x, min=0)
+
+    def ibp(self, b):
+        return torch.clamp(b[0], min=0), torch.clamp(b[1], min=0)
+
+    @staticmethod
+    def relaxation(lo: torch.Tensor, hi: torch.Tensor):
+        """(lower slope, upper slope, upper intercept) elementwise, sound for lo <= x <= hi."""
+        active = lo >= 0
+        inactive = hi <= 0
+        unstable = ~(active | inactive)
+        denom = torch.where(unstable, hi - lo, torch.ones_like(hi))
+        up_slope = torch.where(unstable, hi / denom, active.to(hi.dtype))
+        up_icpt = torch.where(unstable, -lo * hi / denom, torch.zeros_like(hi))
+        low_slope = torch.where(unstable, (hi > -lo).to(hi.dtype), active.to(hi.dtype))
+        return low_slope, up_slope, up_icpt
+
+    def crown_backward(self, lA, uA, in_bounds):
+        lo, hi = in_bounds[0]
+        low_slope, up_slope, up_icpt = self.relaxation(lo, hi)
+        B, S = self._rows(lA)
+        # Broadcast the per-box relaxation over the S rows.
+        low_slope, up_slope, up_icpt = (t.unsqueeze(1) for t in (low_slope, up_slope, up_icpt))
+        icpt_flat = up_icpt.expand(B, S, *self.shape).reshape(B, S, -1)
+
+        def side(A, pos_slope, neg_slope, pos_bias: bool):
+            pos, neg = A.clamp(min=0), A.clamp(max=0)
+            A_in = pos * pos_slope + neg * neg_slope
+            coef = pos if pos_bias else neg
+            bias = contract.dot_last(coef.reshape(B, S, -1), icpt_flat, self.order)
+            return A_in, bias
+
+        # Lower bound: positive coefficients take the lower line, negative the upper line.
+        lA_in, l_bias = side(lA, low_slope, up_slope, pos_bias=False)
+        uA_in, u_bias = side(uA, up_slope, low_slope, pos_bias=True)
+        return [lA_in], [uA_in], l_bias, u_bias
+
+
+OP_TYPES: dict[str, Callable[..., Op]] = {
+    cls.kind: cls for cls in (Input, Linear, Conv2d, Affine, Add, Reshape, Transpose, Relu)
+}

@@ -1,0 +1,1 @@
+"""jinja2 templates for generated programs (shipped as package data)."""
