@@ -4,7 +4,9 @@ A generated program builds a `Network` (one commented block per IR node) and eve
 (the CLI, `runtime.load`, tests) drives it through this class. CROWN is the backward linear
 relaxation of Zhang et al. 2018 on a DAG: A-matrices flow from a target node back to the input,
 summed where a node has several consumers; the nodes that feed a ReLU get their bounds first,
-in topological order, by CROWN or IBP as the compiler's bound plan says.
+in topological order, by CROWN or IBP as the compiler's bound plan says. CROWN is not always
+tighter than IBP (deep nets, wide boxes), and both are sound, so every CROWN bound -- the
+intermediate ones and the final one -- is intersected with the IBP bound of the same node.
 """
 
 from __future__ import annotations
@@ -63,19 +65,26 @@ class Network:
     def crown(self, lower: torch.Tensor, upper: torch.Tensor, C: torch.Tensor | None = None
               ) -> Bounds:
         """Bounds of C @ output for each box; C is (S, out) or (B, S, out); result (B, S)."""
+        ibp = self.ibp_all(lower, upper)
         known: dict[str, Bounds] = {}
-        ibp = None
         for n in self.nodes:
             how = self.intermediate.get(n.name)
             if how is None or n is self.input:
                 continue
             if how == "ibp":
-                ibp = ibp or self.ibp_all(lower, upper)
                 known[n.name] = ibp[n.name]
             else:
-                known[n.name] = self.crown_node(n, lower, upper, known)
+                known[n.name] = _intersect(self.crown_node(n, lower, upper, known), ibp[n.name])
         A = self._spec_matrix(C, lower.shape[0])
-        return self.backward(self.output, A, lower, upper, known)
+        crown = self.backward(self.output, A, lower, upper, known)
+        return _intersect(crown, self._ibp_spec(ibp[self.output.name], C, lower.shape[0]))
+
+    def _ibp_spec(self, out_bounds: Bounds, C, B: int) -> Bounds:
+        lo, hi = out_bounds[0].reshape(B, -1), out_bounds[1].reshape(B, -1)
+        if C is None:
+            return lo, hi
+        return _interval_matvec(self._spec_matrix(C, B).reshape(B, -1, lo.shape[1]), lo, hi,
+                                self.order)
 
     def crown_node(self, node: Op, lower, upper, known) -> Bounds:
         """CROWN bounds of every neuron of `node` (an identity A-matrix), reshaped to it."""
@@ -141,16 +150,15 @@ class Network:
                ) -> Bounds:
         """Bounds (B, S) of C @ f(x) over the boxes; lower/upper are (B, *input_shape)."""
         if method == "ibp":
-            lo, hi = self.ibp_all(lower, upper)[self.output.name]
-            B = lower.shape[0]
-            lo, hi = lo.reshape(B, -1), hi.reshape(B, -1)
-            if C is None:
-                return lo, hi
-            return _interval_matvec(self._spec_matrix(C, B).reshape(B, -1, lo.shape[1]), lo, hi,
-                                    self.order)
+            return self._ibp_spec(self.ibp_all(lower, upper)[self.output.name], C, lower.shape[0])
         if method == "crown":
             return self.crown(lower, upper, C)
         raise ShardboundError(f"unknown bound method {method!r}; choose one of {', '.join(METHODS)}")
+
+
+def _intersect(a: Bounds, b: Bounds) -> Bounds:
+    """Both are sound, so their intersection is: the tighter side of each."""
+    return torch.maximum(a[0], b[0]), torch.minimum(a[1], b[1])
 
 
 def _interval_matvec(C, lo, hi, order) -> Bounds:

@@ -1,0 +1,49 @@
+"""Shared fixtures: compiling zoo models into temporary program directories."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import onnx
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import zoo  # noqa: E402
+
+SHARED = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "shared",
+                                       "benchmarks"))
+
+
+def shared_path(*parts) -> str:
+    """A file under ../shared/benchmarks, or a clean skip when it is not there."""
+    path = os.path.join(SHARED, *parts)
+    if not os.path.exists(path):
+        pytest.skip(f"shared benchmark {os.path.join(*parts)} not present")
+    return path
+
+
+@pytest.fixture
+def compile_zoo(tmp_path):
+    """compile_zoo(name, **options) -> (verifier, onnx model, model path)."""
+    from shardbound.compiler.driver import compile_model
+    from shardbound.passes.manager import PassOptions
+    from shardbound.runtime import load
+
+    def make(name, seed=0, **options):
+        model, _ = zoo.build(name, seed)
+        path = tmp_path / f"{name}.onnx"
+        onnx.save(model, path)
+        out = tmp_path / f"{name}_prog"
+        compile_model(str(path), str(out), PassOptions(**options))
+        return load(str(out)), model, str(path)
+
+    return make
+
+
+def random_box(rng, shape, radius=0.1, center_scale=1.0):
+    center = rng.uniform(-center_scale, center_scale, size=shape).astype(np.float32)
+    r = rng.uniform(0.2 * radius, radius, size=shape).astype(np.float32)
+    return center - r, center + r

@@ -1,0 +1,66 @@
+"""Soundness checks: sampled points and projected-gradient attacks inside the box must land
+within the bounds, for every output row."""
+
+from __future__ import annotations
+
+import torch
+
+# Bounds are computed in float32; a concrete forward pass rounds differently. This slack
+# (relative to the output scale) absorbs rounding only: any real relaxation error is far larger.
+REL_TOL = 2e-5
+
+
+def sample_box(lower, upper, n, generator):
+    """n points: uniform inside, a quarter of them on random vertices (where extremes lie)."""
+    lo, hi = lower.reshape(1, -1), upper.reshape(1, -1)
+    u = torch.rand(n, lo.shape[1], generator=generator)
+    vertices = (torch.rand(n // 4, lo.shape[1], generator=generator) > 0.5).float()
+    u[: n // 4] = vertices
+    return torch.minimum(torch.maximum(lo + u * (hi - lo), lo), hi)
+
+
+def pgd(forward, lower, upper, C, steps=40, restarts=4, generator=None):
+    """Points that push every row of C f(x) down and up (one attack per row and direction)."""
+    lo, hi = lower.reshape(1, -1), upper.reshape(1, -1)
+    rows = C.shape[0]
+    found = []
+    for sign in (1.0, -1.0):
+        x = lo + torch.rand(restarts * rows, lo.shape[1], generator=generator) * (hi - lo)
+        x.requires_grad_(True)
+        step = (hi - lo) / 8
+        target = C.repeat(restarts, 1)
+        for _ in range(steps):
+            y = forward(x)
+            obj = (y * target).sum() * sign
+            (g,) = torch.autograd.grad(obj, x)
+            with torch.no_grad():
+                x -= step * g.sign()
+                x.copy_(torch.maximum(torch.minimum(x, hi), lo))
+            step = step * 0.9
+        found.append(x.detach())
+    return torch.cat(found)
+
+
+def assert_sound(forward, lower, upper, lb, ub, C=None, n=10000, seed=0, label=""):
+    """forward: (N, n_in) -> (N, n_out) flattened; lb/ub: (S,) bounds of C f(x)."""
+    g = torch.Generator().manual_seed(seed)
+    lower, upper = lower.reshape(-1).float(), upper.reshape(-1).float()
+    out_dim = forward(lower.reshape(1, -1)).shape[1]
+    C = torch.eye(out_dim) if C is None else torch.as_tensor(C, dtype=torch.float32)
+    with torch.no_grad():
+        points = sample_box(lower, upper, n, g)
+    points = torch.cat([points, pgd(forward, lower, upper, C, generator=g)])
+    assert bool(((points >= lower) & (points <= upper)).all()), "attack left the box"
+    with torch.no_grad():
+        values = forward(points) @ C.T
+    scale = 1.0 + torch.maximum(lb.abs(), ub.abs())
+    slack = REL_TOL * scale
+    below = values < lb - slack
+    above = values > ub + slack
+    assert not bool(below.any()), (f"{label}: lower bound violated: row "
+                                   f"{int(below.any(0).nonzero()[0])}, min value "
+                                   f"{values.min(0).values.tolist()} vs lb {lb.tolist()}")
+    assert not bool(above.any()), (f"{label}: upper bound violated: row "
+                                   f"{int(above.any(0).nonzero()[0])}, max value "
+                                   f"{values.max(0).values.tolist()} vs ub {ub.tolist()}")
+    return values

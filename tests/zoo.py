@@ -1,0 +1,198 @@
+"""The test zoo: small ONNX models built in code (onnx.helper), one per feature we support.
+
+Every builder takes a numpy Generator and returns (model, input_shape_without_batch). Weights
+are random but fixed by the generator's seed, so tests are repeatable.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 13
+
+
+class Builder:
+    """A tiny graph builder: named initializers and nodes, one float input and output."""
+
+    def __init__(self, rng: np.random.Generator, input_shape, opset: int = OPSET):
+        self.rng = rng
+        self.input_shape = tuple(input_shape)
+        self.opset = opset
+        self.nodes, self.inits = [], []
+        self.count = 0
+        self.last = "x"
+
+    def const(self, array, name=None) -> str:
+        self.count += 1
+        name = name or f"c{self.count}"
+        self.inits.append(numpy_helper.from_array(np.asarray(array, dtype=np.float32)
+                                                  if np.asarray(array).dtype.kind == "f"
+                                                  else np.asarray(array), name))
+        return name
+
+    def op(self, op_type, inputs, name=None, n_out=1, **attrs) -> str:
+        self.count += 1
+        outs = [f"t{self.count}_{i}" for i in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), outs,
+                                           name=name or f"{op_type.lower()}{self.count}", **attrs))
+        self.last = outs[0]
+        return outs[0]
+
+    def weight(self, *shape, scale=None):
+        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else shape[0]
+        scale = scale if scale is not None else 1.0 / np.sqrt(fan_in)
+        return self.rng.normal(0, scale, size=shape).astype(np.float32)
+
+    def gemm(self, x, n_in, n_out, **attrs):
+        transB = attrs.get("transB", 1)
+        w = self.weight(n_out, n_in) if transB else self.weight(n_in, n_out)
+        b = self.rng.normal(0, 0.1, size=(n_out,)).astype(np.float32)
+        return self.op("Gemm", [x, self.const(w), self.const(b)], transB=transB,
+                       **{k: v for k, v in attrs.items() if k != "transB"})
+
+    def relu(self, x):
+        return self.op("Relu", [x])
+
+    def build(self, out=None, input_name="x") -> onnx.ModelProto:
+        out = out or self.last
+        x = helper.make_tensor_value_info(input_name, TensorProto.FLOAT, [1, *self.input_shape])
+        probe = helper.make_graph(self.nodes, "zoo", [x], [], self.inits)
+        probe_model = helper.make_model(probe, opset_imports=[helper.make_opsetid("", self.opset)])
+        inferred = onnx.shape_inference.infer_shapes(probe_model).graph.value_info
+        shapes = {v.name: v for v in inferred}
+        y = shapes[out] if out in shapes else helper.make_tensor_value_info(out, TensorProto.FLOAT, [1])
+        graph = helper.make_graph(self.nodes, "zoo", [x], [y], self.inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
+        model.ir_version = 8
+        onnx.checker.check_model(model)
+        return model
+
+
+def mlp(rng, sizes=(6, 20, 20, 5)):
+    b = Builder(rng, (sizes[0],))
+    x = "x"
+    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        x = b.gemm(x, n_in, n_out)
+        if i < len(sizes) - 2:
+            x = b.relu(x)
+    return b.build(x), b.input_shape
+
+
+def mlp_matmul_add(rng):
+    """MatMul + Add (as torch exports nn.Linear in some opsets), Gemm alpha/beta/transB=0."""
+    b = Builder(rng, (1, 8))
+    h = b.op("MatMul", ["x", b.const(b.weight(8, 16))])
+    h = b.op("Add", [h, b.const(rng.normal(0, 0.1, (16,)))])
+    h = b.relu(b.op("Flatten", [h], axis=1))
+    h = b.gemm(h, 16, 12, transB=0, alpha=0.7, beta=1.3)
+    h = b.relu(h)
+    return b.build(b.gemm(h, 12, 4)), b.input_shape
+
+
+def normalized_mlp(rng):
+    """Input normalisation Sub/Div in front of an MLP (folded by canonicalize)."""
+    b = Builder(rng, (10,))
+    h = b.op("Sub", ["x", b.const(rng.uniform(-0.5, 0.5, (10,)))])
+    h = b.op("Div", [h, b.const(rng.uniform(0.5, 2.0, (10,)))])
+    h = b.relu(b.gemm(h, 10, 16))
+    return b.build(b.gemm(h, 16, 3)), b.input_shape
+
+
+def cnn_batchnorm(rng):
+    """Conv (pads, strides) + BatchNorm + Relu, a second conv, Flatten, Gemm."""
+    b = Builder(rng, (2, 8, 8))
+    h = b.op("Sub", ["x", b.const(rng.uniform(0, 0.3, (1, 2, 1, 1)))])
+    h = b.op("Div", [h, b.const(rng.uniform(0.5, 1.5, (1, 2, 1, 1)))])
+    h = b.op("Conv", [h, b.const(b.weight(4, 2, 3, 3)), b.const(rng.normal(0, 0.1, (4,)))],
+             pads=[1, 1, 1, 1], strides=[1, 1])
+    h = b.op("BatchNormalization", [h, b.const(rng.uniform(0.5, 1.5, (4,))),
+                                    b.const(rng.normal(0, 0.1, (4,))),
+                                    b.const(rng.normal(0, 0.1, (4,))),
+                                    b.const(rng.uniform(0.5, 1.5, (4,)))], epsilon=1e-5)
+    h = b.relu(h)
+    h = b.op("Conv", [h, b.const(b.weight(3, 4, 3, 3))], pads=[0, 1, 1, 0], strides=[2, 2],
+             dilations=[1, 1])
+    h = b.relu(h)
+    h = b.op("Flatten", [h], axis=1)
+    return b.build(b.gemm(h, 3 * 4 * 4, 5)), b.input_shape
+
+
+def cnn_avgpool(rng):
+    """Dilated conv, AveragePool with padding excluded from the count, GlobalAveragePool."""
+    b = Builder(rng, (1, 9, 9))
+    h = b.op("Conv", ["x", b.const(b.weight(3, 1, 3, 3)), b.const(rng.normal(0, 0.1, (3,)))],
+             pads=[2, 2, 2, 2], dilations=[2, 2])
+    h = b.relu(h)
+    h = b.op("AveragePool", [h], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+             count_include_pad=0)
+    h = b.op("Conv", [h, b.const(b.weight(4, 3, 2, 2))], strides=[1, 1])
+    h = b.relu(h)
+    h = b.op("AveragePool", [h], kernel_shape=[2, 2], strides=[2, 2])
+    g = b.op("GlobalAveragePool", [h])
+    h = b.op("Flatten", [g], axis=1)
+    return b.build(b.gemm(h, 4, 3)), b.input_shape
+
+
+def residual(rng):
+    """A residual block: y = relu(x1 + W2 relu(W1 x1)), with a Sub of computed tensors too."""
+    b = Builder(rng, (8,))
+    x1 = b.relu(b.gemm("x", 8, 12))
+    h = b.relu(b.gemm(x1, 12, 12))
+    h = b.gemm(h, 12, 12)
+    s = b.relu(b.op("Add", [x1, h]))
+    t = b.gemm(s, 12, 12)
+    d = b.relu(b.op("Sub", [t, s]))
+    return b.build(b.gemm(d, 12, 4)), b.input_shape
+
+
+def layout_ops(rng):
+    """Reshape, Unsqueeze/Squeeze (opset 13 inputs), Transpose, Identity, Dropout, Neg, Mul,
+    Constant and a constant subgraph (Shape -> Gather -> Concat) feeding Reshape."""
+    b = Builder(rng, (3, 4))
+    h = b.op("Transpose", ["x"], perm=[0, 2, 1])                       # (1, 4, 3)
+    h = b.op("Unsqueeze", [h, b.const(np.array([1], dtype=np.int64))])  # (1, 1, 4, 3)
+    h = b.op("Identity", [h])
+    h = b.op("Squeeze", [h, b.const(np.array([1], dtype=np.int64))])    # (1, 4, 3)
+    shape = b.op("Shape", [h])
+    first = b.op("Gather", [shape, b.const(np.array([0], dtype=np.int64))], axis=0)
+    target = b.op("Concat", [first, b.const(np.array([-1], dtype=np.int64))], axis=0)
+    h = b.op("Reshape", [h, target])                                    # (1, 12)
+    h = b.op("Dropout", [h])
+    h = b.op("Neg", [h])
+    k = b.op("Constant", [], value=numpy_helper.from_array(
+        rng.uniform(0.5, 1.5, (12,)).astype(np.float32)))
+    h = b.op("Mul", [h, k])
+    h = b.relu(b.gemm(h, 12, 10))
+    return b.build(b.gemm(h, 10, 4)), b.input_shape
+
+
+def old_style_opset8(rng):
+    """Initializers also listed as graph inputs (like the ACAS Xu files), opset 8."""
+    model, shape = mlp(rng, sizes=(5, 10, 10, 5))
+    model.opset_import[0].version = 8
+    for init in model.graph.initializer:
+        model.graph.input.append(helper.make_tensor_value_info(
+            init.name, init.data_type, list(init.dims)))
+    model.ir_version = 3
+    onnx.checker.check_model(model)
+    return model, shape
+
+
+ZOO = {
+    "mlp": mlp,
+    "mlp_matmul_add": mlp_matmul_add,
+    "normalized_mlp": normalized_mlp,
+    "cnn_batchnorm": cnn_batchnorm,
+    "cnn_avgpool": cnn_avgpool,
+    "residual": residual,
+    "layout_ops": layout_ops,
+    "old_style_opset8": old_style_opset8,
+}
+
+MLPS = ("mlp", "mlp_matmul_add", "normalized_mlp", "old_style_opset8")
+
+
+def build(name: str, seed: int = 0):
+    return ZOO[name](np.random.default_rng(seed))
