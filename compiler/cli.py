@@ -11,9 +11,9 @@ import os
 import sys
 
 from shardbound.compiler.errors import ShardboundError
-from shardbound.runtime.main import add_run_arguments, guarded
+from shardbound.runtime.main import ArgumentParser, add_run_arguments, guarded
 
-MODES = ("single",)
+MODES = ("single", "fsdp")
 SUMMATIONS = ("fast",)
 
 
@@ -22,7 +22,7 @@ def _add_compile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--out", metavar="DIR",
                    help="output directory (default: MODEL_shardbound next to the model)")
     _add_plan_arguments(p)
-    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
 
 
 def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,6 +47,8 @@ def _compile(args) -> int:
     from shardbound.compiler.driver import compile_model
 
     out = args.out or os.path.splitext(args.model)[0] + "_shardbound"
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ShardboundError(f"{out}: exists and is not a directory; choose another -o DIR")
     graph = compile_model(args.model, out, _options(args))
     if not args.quiet:
         params = sum(int(v.size) for v in graph.tensors.values())
@@ -69,7 +71,7 @@ def _run(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="shardbound",
         description="Compile ONNX networks into sharded, deterministic bound-propagation programs.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -79,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="bound a compiled program over an input box")
     p.add_argument("dir", metavar="DIR", help="a directory written by `compile`")
     add_run_arguments(p)
+    p.add_argument("--nproc", type=int, default=1, metavar="P",
+                   help="launch P ranks on this machine (gloo on CPU); default 1")
     p.set_defaults(fn=_run)
     p = sub.add_parser("inspect", help="print the bound IR of a model, one line per node")
     p.add_argument("model", metavar="MODEL.onnx")
@@ -95,7 +99,7 @@ def main(argv=None) -> None:
 
 def compile_main(argv=None) -> None:
     """The `compile` console script: `compile MODEL.onnx --mode single -o DIR`."""
-    parser = argparse.ArgumentParser(prog="compile", description="Compile an ONNX network into a "
+    parser = ArgumentParser(prog="compile", description="Compile an ONNX network into a "
                                      "shardbound program directory.")
     _add_compile_arguments(parser)
     args = parser.parse_args(argv)

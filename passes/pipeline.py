@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from shardbound.passes.bound_plan import bound_plan
 from shardbound.passes.canonicalize import canonicalize
+from shardbound.passes.fsdp_schedule import fsdp_schedule
 from shardbound.passes.manager import Pass, PassManager
 
+_COMMON = [Pass("canonicalize", canonicalize), Pass("bound_plan", bound_plan)]
+
 PIPELINES = {
-    "single": [Pass("canonicalize", canonicalize), Pass("bound_plan", bound_plan)],
+    "single": _COMMON,
+    "fsdp": _COMMON + [Pass("fsdp_schedule", fsdp_schedule)],
 }
 
 

@@ -14,6 +14,15 @@ import time
 from shardbound.runtime.errors import ShardboundError
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is a user error like any other: one `error:` line, exit 2
+    (instead of the usage block followed by a second line)."""
+
+    def error(self, message: str):
+        message = " ".join(str(message).split())
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--box", required=True, metavar="BOX.json",
                         help='input box: {"lower": [...], "upper": [...]} (flattened input)')
@@ -22,37 +31,85 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="bound method (default: the one compiled in)")
     parser.add_argument("--threads", type=int, default=1, metavar="T",
                         help="torch intra-op threads (default 1; set explicitly so runs repeat)")
-    parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    parser.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                        help="collective timeout in seconds for sharded runs (default 60)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
 
 
 def run(directory: str, args: argparse.Namespace) -> int:
+    """Bound the program in `directory` over the box: in this process, as one rank of a
+    torchrun job (WORLD_SIZE set), or by launching --nproc ranks."""
+    nproc = getattr(args, "nproc", 1)
+    if nproc < 1:
+        raise ShardboundError(f"--nproc must be at least 1, got {nproc}")
+    if args.threads < 1:
+        raise ShardboundError(f"--threads must be at least 1, got {args.threads}")
+    if nproc > 1:
+        return _launch(directory, args)
+    return _run_rank(directory, args)
+
+
+def _launch(directory: str, args) -> int:
+    import os
+
+    from shardbound.runtime.launch import launch
+    from shardbound.runtime.loader import read_plan
+
+    read_plan(directory)  # fail here, once, if DIR is not a program
+    argv = ["--box", os.path.abspath(args.box), "--threads", str(args.threads),
+            "--timeout", str(args.timeout)]
+    if args.json:
+        argv += ["--json", os.path.abspath(args.json)]
+    if args.method:
+        argv += ["--method", args.method]
+    if args.quiet:
+        argv.append("--quiet")
+    return launch(os.path.join(directory, "program.py"), argv, args.nproc, args.timeout)
+
+
+def _run_rank(directory: str, args) -> int:
     import torch
 
-    from shardbound.runtime.boxes import read_box_file
+    from shardbound.runtime import dist
+    from shardbound.runtime.boxes import as_boxes, read_box_file
+    from shardbound.runtime.ledger import max_over_ranks
     from shardbound.runtime.loader import load
     from shardbound.runtime.report import bounds_sha256, format_table
 
-    if args.threads < 1:
-        raise ShardboundError(f"--threads must be at least 1, got {args.threads}")
     torch.set_num_threads(args.threads)
-    verifier = load(directory)
     lower, upper = read_box_file(args.box)
-    method = args.method or verifier.method
-    start = time.perf_counter()
-    lb, ub = verifier.bounds(lower, upper, method=method)
-    elapsed = time.perf_counter() - start
+    comm = dist.from_environment(timeout_s=args.timeout)
+    try:
+        verifier = load(directory, comm=comm)
+        as_boxes(lower, upper, verifier.input_shape, where=args.box)  # errors name the file
+        method = args.method or verifier.method
+        start = time.perf_counter()
+        lb, ub = verifier.bounds(lower, upper, method=method)
+        elapsed = time.perf_counter() - start
+        memory = max_over_ranks(comm.all_gather_objects(verifier.network.ledger.report()))
+        comm.barrier()
+    finally:
+        comm.close()
+    if comm.rank != 0:
+        return 0
     digest = bounds_sha256(lb, ub)
     if not args.quiet:
-        print(f"# {method} bounds, {lb.numel()} outputs, {elapsed:.3f} s")
+        ranks = f", {comm.world} ranks" if comm.world > 1 else ""
+        print(f"# {method} bounds, {lb.numel()} outputs, {elapsed:.3f} s, mode "
+              f"{verifier.plan['mode']}{ranks}")
         print(format_table(lb, ub))
         print(f"# bounds_sha256 {digest}")
     if args.json:
-        result = {"method": method, "lower": lb.reshape(-1).tolist(),
-                  "upper": ub.reshape(-1).tolist(), "bounds_sha256": digest,
-                  "threads": args.threads, "seconds": round(elapsed, 6)}
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
+        result = {"method": method, "mode": verifier.plan["mode"], "world_size": comm.world,
+                  "lower": lb.reshape(-1).tolist(), "upper": ub.reshape(-1).tolist(),
+                  "bounds_sha256": digest, "threads": args.threads,
+                  "seconds": round(elapsed, 6), "memory": memory}
+        try:
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump(result, f, indent=1)
+                f.write("\n")
+        except OSError as e:
+            raise ShardboundError(f"{args.json}: cannot write the result ({e.strerror})") from None
     return 0
 
 
@@ -66,7 +123,7 @@ def guarded(fn, *a) -> int:
 
 
 def program_main(directory: str, argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="program.py", description="Run a compiled shardbound program.")
+    parser = ArgumentParser(prog="program.py", description="Run a compiled shardbound program.")
     add_run_arguments(parser)
     args = parser.parse_args(argv)
     sys.exit(guarded(run, directory, args))

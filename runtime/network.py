@@ -17,6 +17,7 @@ import torch
 
 from shardbound.runtime import contract
 from shardbound.runtime.errors import ShardboundError
+from shardbound.runtime.ledger import MemoryLedger, tensor_bytes
 from shardbound.runtime.ops import Bounds, Op
 
 METHODS = ("ibp", "crown")
@@ -33,6 +34,7 @@ class Network:
         self.output = self.by_name[output]
         self.intermediate = dict(intermediate)
         self.order = order
+        self.ledger = MemoryLedger()
         self.consumers: dict[str, list[str]] = {n.name: [] for n in self.nodes}
         for n in self.nodes:
             for i in n.inputs:
@@ -52,6 +54,7 @@ class Network:
         values: dict[str, torch.Tensor] = {}
         for n in self.nodes:
             values[n.name] = n.forward(*(values[i] for i in n.inputs)) if n.inputs else x
+            n.release()
         return values[self.output.name]
 
     # -- interval bound propagation ----------------------------------------------------------
@@ -59,6 +62,8 @@ class Network:
         bounds: dict[str, Bounds] = {}
         for n in self.nodes:
             bounds[n.name] = n.ibp(*(bounds[i] for i in n.inputs)) if n.inputs else (lower, upper)
+            n.release()
+            self.ledger.set("bounds", tensor_bytes(t for b in bounds.values() for t in b))
         return bounds
 
     # -- CROWN -------------------------------------------------------------------------------
@@ -75,6 +80,8 @@ class Network:
                 known[n.name] = ibp[n.name]
             else:
                 known[n.name] = _intersect(self.crown_node(n, lower, upper, known), ibp[n.name])
+            self.ledger.set("bounds", tensor_bytes(
+                [t for b in ibp.values() for t in b] + [t for b in known.values() for t in b]))
         A = self._spec_matrix(C, lower.shape[0])
         crown = self.backward(self.output, A, lower, upper, known)
         return _intersect(crown, self._ibp_spec(ibp[self.output.name], C, lower.shape[0]))
@@ -109,6 +116,7 @@ class Network:
             lA, uA = lAs.pop(n.name), uAs.pop(n.name)
             in_bounds = [known.get(i) for i in n.inputs]
             l_in, u_in, lb, ub = n.crown_backward(lA, uA, in_bounds)
+            n.release()
             if lb is not None:
                 l_bias = l_bias + lb
             if ub is not None:
@@ -119,6 +127,7 @@ class Network:
                     uAs[name] = uAs[name] + ua
                 else:
                     lAs[name], uAs[name] = la, ua
+            self.ledger.set("a_matrix", tensor_bytes([*lAs.values(), *uAs.values(), *l_in, *u_in]))
         lA, uA = lAs[self.input.name], uAs[self.input.name]
         return (self._concretize(lA, lower, upper, lower_side=True) + l_bias,
                 self._concretize(uA, lower, upper, lower_side=False) + u_bias)

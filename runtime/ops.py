@@ -33,6 +33,7 @@ class Op:
         self.inputs = tuple(inputs)
         self.in_shapes = tuple(tuple(int(d) for d in s) for s in in_shapes)
         self.params = dict(params or {})
+        self._gathered: dict[str, torch.Tensor] = {}
         self.order = order
         self.attrs = attrs
         self.setup(**attrs)
@@ -43,7 +44,21 @@ class Op:
             raise TypeError(f"{self.kind} takes no attributes, got {sorted(attrs)}")
 
     def param(self, role: str) -> torch.Tensor | None:
-        return self.params.get(role)
+        """The whole parameter; an fsdp shard is gathered on first use and kept until
+        `release` (the engine calls it when the node is done)."""
+        p = self.params.get(role)
+        if p is None or isinstance(p, torch.Tensor):
+            return p
+        full = self._gathered.get(role)
+        if full is None:
+            full = self._gathered[role] = p.gather()
+        return full
+
+    def release(self) -> None:
+        """Free gathered parameters (fsdp's free point: right after the node's last use)."""
+        for role, full in self._gathered.items():
+            self.params[role].release(full)
+        self._gathered.clear()
 
     def infer_shape(self) -> tuple[int, ...]:
         with torch.no_grad():

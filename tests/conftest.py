@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
+import shardbound  # noqa: F401  (first: sets MKL_CBWR before any BLAS call)
 import numpy as np
 import onnx
 import pytest

@@ -1,0 +1,174 @@
+"""All collectives go through here: one place for the backend choice, timeouts and messages.
+
+`Comm` wraps torch.distributed for one process group; `SingleComm` is the same interface for one
+process (world size 1, no torch.distributed at all). Every collective runs under the group's
+timeout: a rank that dies or hangs makes the others fail within it, with a message naming the
+collective and the ranks that fell behind (read from a progress counter each rank keeps in the
+rendezvous store), instead of a hang or a traceback from deep inside torch.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+
+import torch
+
+from shardbound.runtime.errors import ShardboundError
+
+DEFAULT_TIMEOUT_S = 60.0
+
+
+class RankFailure(ShardboundError):
+    """A peer rank died or hung during a collective."""
+
+
+class SingleComm:
+    """World size 1: collectives are identities."""
+
+    rank = 0
+    world = 1
+    device = torch.device("cpu")
+
+    def all_gather_flat(self, shard: torch.Tensor) -> torch.Tensor:
+        return shard
+
+    def all_gather_objects(self, obj) -> list:
+        return [obj]
+
+    def all_reduce_max(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def barrier(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Comm:
+    """A torch.distributed process group: gloo on CPU, nccl when the tensors live on CUDA."""
+
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, device: str = "cpu"):
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.timeout_s = float(timeout_s)
+        self.device = torch.device(device)
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        if not dist.is_initialized():
+            try:
+                dist.init_process_group(backend, init_method="env://",
+                                        timeout=datetime.timedelta(seconds=self.timeout_s))
+            except Exception as e:  # rendezvous failures arrive as several error types
+                raise RankFailure(f"rank {os.environ.get('RANK', '?')}: could not join the "
+                                  f"process group ({_first_line(e)}); check MASTER_ADDR/PORT, "
+                                  "WORLD_SIZE and that every rank started") from None
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        self.step = 0
+        self._store = _default_store()
+
+    # -- failure reporting -------------------------------------------------------------------
+    def _enter(self, what: str) -> None:
+        self.step += 1
+        _maybe_inject_fault(self.rank, self.step)
+        if self._store is not None:
+            try:
+                self._store.set(f"shardbound/progress/{self.rank}", str(self.step))
+            except Exception:
+                pass
+        self._what = what
+
+    def _failed(self, e: Exception) -> RankFailure:
+        behind = []
+        if self._store is not None:
+            for r in range(self.world):
+                if r == self.rank:
+                    continue
+                try:
+                    self._store.wait([f"shardbound/progress/{r}"], datetime.timedelta(seconds=1))
+                    step = int(self._store.get(f"shardbound/progress/{r}"))
+                except Exception:
+                    step = -1
+                if step < self.step:
+                    behind.append(r)
+        if behind:
+            who = ("rank " if len(behind) == 1 else "ranks ") + ", ".join(map(str, behind))
+            who += " stopped responding (died or hung)"
+        else:
+            who = "a peer rank stopped responding (died or hung)"
+        return RankFailure(f"rank {self.rank}: collective {self._what} (step {self.step}) failed: "
+                           f"{who} (timeout {self.timeout_s:g} s): {_first_line(e)}")
+
+    def _run(self, what: str, fn):
+        self._enter(what)
+        try:
+            return fn()
+        except ShardboundError:
+            raise
+        except Exception as e:
+            raise self._failed(e) from None
+
+    # -- collectives ---------------------------------------------------------------------------
+    def all_gather_flat(self, shard: torch.Tensor) -> torch.Tensor:
+        """Concatenate every rank's equally sized 1-D shard, in rank order."""
+        shard = shard.contiguous()
+        out = torch.empty(shard.numel() * self.world, dtype=shard.dtype, device=shard.device)
+        self._run("all_gather", lambda: self.dist.all_gather_single(out, shard))
+        return out
+
+    def all_gather_objects(self, obj) -> list:
+        out = [None] * self.world
+        self._run("all_gather_object", lambda: self.dist.all_gather_object(out, obj))
+        return out
+
+    def all_reduce_max(self, t: torch.Tensor) -> torch.Tensor:
+        t = t.clone()
+        self._run("all_reduce_max", lambda: self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX))
+        return t
+
+    def barrier(self) -> None:
+        self._run("barrier", lambda: self.dist.barrier())
+
+    def close(self) -> None:
+        if self.dist.is_initialized():
+            self.dist.destroy_process_group()
+
+
+def _maybe_inject_fault(rank: int, step: int) -> None:
+    """Fault injection for the failure tests: SHARDBOUND_FAULT="RANK:STEP:die|hang" makes that
+    rank exit (or stop responding) when it reaches that collective."""
+    spec = os.environ.get("SHARDBOUND_FAULT")
+    if not spec:
+        return
+    r, s, how = spec.split(":")
+    if int(r) == rank and int(s) == step:
+        if how == "hang":
+            import time
+            time.sleep(3600)
+        os._exit(17)
+
+
+def _default_store():
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        return _get_default_store()
+    except Exception:
+        return None
+
+
+def _first_line(e: Exception) -> str:
+    """The first line of a backend error, without gloo's source-file prefix."""
+    text = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", str(e)).strip()
+    return text.splitlines()[0][:200] if text else type(e).__name__
+
+
+def from_environment(timeout_s: float = DEFAULT_TIMEOUT_S, device: str = "cpu"):
+    """A Comm when launched by torchrun or `shardbound run --nproc` (WORLD_SIZE set), else
+    a SingleComm."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 or "TORCHELASTIC_RUN_ID" in os.environ:
+        return Comm(timeout_s, device)
+    return SingleComm()

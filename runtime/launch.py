@@ -1,0 +1,67 @@
+"""`shardbound run DIR --nproc P`: start P ranks of DIR/program.py on this machine.
+
+The ranks rendezvous through env:// on 127.0.0.1 with a free port (as torchrun would set it up).
+The launcher watches them: when one exits with an error, the others get the collective
+timeout to notice and stop, after which they are killed; the message names the rank that
+failed first and how (exit code or signal).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def launch(program: str, argv: list[str], nproc: int, timeout_s: float) -> int:
+    port = free_port()
+    procs = []
+    for rank in range(nproc):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
+                   LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, program, *argv], env=env))
+    failure = None
+    deadline = None
+    while True:
+        codes = [p.poll() for p in procs]
+        if failure is None:
+            for rank, code in enumerate(codes):
+                if code not in (None, 0):
+                    failure = (rank, code)
+                    deadline = time.monotonic() + timeout_s + 5
+                    break
+        if all(c is not None for c in codes):
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            for p in procs:
+                p.wait()
+            break
+        time.sleep(0.05)
+    if failure is None:
+        return 0
+    rank, code = failure
+    if code != 2:  # 2: a user error the rank already explained in one line
+        print(f"error: rank {rank} of {nproc} {_describe(code)}; the other ranks were stopped",
+              file=sys.stderr)
+    return 2 if code == 2 else 1

@@ -1,0 +1,40 @@
+"""Run as every rank of a multi-process test job (launched by shardbound.runtime.launch).
+
+argv: JOB.json OUT.json. JOB lists {"dir", "lower", "upper"} entries and "methods"; rank 0
+writes, per entry and method, the bounds_sha256 and the memory ledger (max over ranks).
+Loading many programs in one job keeps the multi-rank tests to a few process launches.
+"""
+
+import json
+import sys
+
+import torch
+
+from shardbound.runtime import dist
+from shardbound.runtime.ledger import max_over_ranks
+from shardbound.runtime.loader import load
+from shardbound.runtime.report import bounds_sha256
+
+
+def main(job_path, out_path):
+    with open(job_path) as f:
+        job = json.load(f)
+    torch.set_num_threads(job.get("threads", 1))
+    comm = dist.from_environment(timeout_s=job.get("timeout", 60))
+    results = []
+    for entry in job["entries"]:
+        verifier = load(entry["dir"], comm=comm)
+        for method in job["methods"]:
+            lb, ub = verifier.bounds(entry["lower"], entry["upper"], method=method)
+            memory = max_over_ranks(comm.all_gather_objects(verifier.network.ledger.report()))
+            results.append({"dir": entry["dir"], "method": method,
+                            "sha": bounds_sha256(lb, ub), "memory": memory})
+    comm.barrier()
+    comm.close()
+    if comm.rank == 0:
+        with open(out_path, "w") as f:
+            json.dump({"world": comm.world, "results": results}, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

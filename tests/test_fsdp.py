@@ -1,0 +1,162 @@
+"""fsdp mode: sharded weights, gather/free, bitwise-identical bounds to single mode for P = 1..4,
+per-rank slice reading, the memory ledger, and clear failures when a rank dies or hangs."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+import zoo
+from conftest import SHARED, random_box
+from multirank import box_entry, compile_to, run_job
+
+ZOO_MODELS = ("mlp", "cnn_batchnorm", "residual", "cnn_avgpool", "layout_ops")
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory):
+    """Every zoo model (and the shared networks) compiled twice: single and fsdp."""
+    tmp = tmp_path_factory.mktemp("fsdp")
+    pairs = []
+    models = []
+    for name in ZOO_MODELS:
+        model, shape = zoo.build(name)
+        path = tmp / f"{name}.onnx"
+        onnx.save(model, path)
+        lo, hi = random_box(np.random.default_rng(11), shape, radius=0.2)
+        models.append((name, str(path), lo, hi))
+    acas = sorted(glob.glob(os.path.join(SHARED, "acasxu", "ACASXU_run2a_1_1*.onnx")))
+    mnist = os.path.join(SHARED, "mnistfc", "mnist-net_256x2.onnx")
+    if acas:
+        lo = np.array([0.6, -0.5, -0.5, 0.45, -0.5], dtype=np.float32)
+        models.append(("acasxu", acas[0], lo, lo + np.float32(0.05)))
+    if os.path.exists(mnist):
+        x = np.random.default_rng(3).uniform(0, 1, 784).astype(np.float32)
+        models.append(("mnist", mnist, np.clip(x - 0.02, 0, 1), np.clip(x + 0.02, 0, 1)))
+    for name, path, lo, hi in models:
+        single = compile_to(path, str(tmp / f"{name}_single"), mode="single")
+        fsdp = compile_to(path, str(tmp / f"{name}_fsdp"), mode="fsdp")
+        pairs.append((name, box_entry(single, lo, hi), box_entry(fsdp, lo, hi)))
+    return tmp, pairs
+
+
+def test_fsdp_bounds_bitwise_equal_single_for_p_1_to_4(programs):
+    tmp, pairs = programs
+    methods = ["ibp", "crown"]
+    reference = run_job(tmp, [s for _, s, _ in pairs], methods, 1, tag="single")
+    for P in (1, 2, 3, 4):
+        got = run_job(tmp, [f for _, _, f in pairs], methods, P, tag="fsdp")
+        for name, s, f in pairs:
+            for m in methods:
+                assert got[(f["dir"], m)]["sha"] == reference[(s["dir"], m)]["sha"], (name, m, P)
+    names = {name for name, _, _ in pairs}
+    if os.path.isdir(SHARED):
+        assert {"acasxu", "mnist"} <= names
+
+
+def test_fsdp_resident_weights_fall_with_p(programs):
+    tmp, pairs = programs
+    entries = [f for name, _, f in pairs if name == "cnn_batchnorm"]
+    single = run_job(tmp, entries, ["crown"], 1, tag="mem")
+    double = run_job(tmp, entries, ["crown"], 2, tag="mem")
+    key = (entries[0]["dir"], "crown")
+    r1 = single[key]["memory"]["resident_param_bytes"]
+    r2 = double[key]["memory"]["resident_param_bytes"]
+    assert r2 <= r1 / 2 + 4 * 16, (r1, r2)   # padding: at most one element per tensor
+    assert double[key]["memory"]["peak_gathered_param_bytes"] > 0
+
+
+class _Handle:
+    """A safetensors handle that refuses whole-tensor reads."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def get_slice(self, key):
+        return self.f.get_slice(key)
+
+    def get_tensor(self, key):
+        raise AssertionError("a rank read a whole tensor")
+
+
+class _FakeComm:
+    def __init__(self, rank, world):
+        self.rank, self.world, self.device = rank, world, torch.device("cpu")
+
+
+@pytest.mark.parametrize("shape", [(7,), (5, 3), (4, 3, 2, 2), (1,), (13, 1)])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_each_rank_reads_only_its_slice(tmp_path, shape, world):
+    from shardbound.runtime.ledger import MemoryLedger
+    from shardbound.runtime.params import ShardedParam, shard_range
+
+    full = torch.arange(int(np.prod(shape)), dtype=torch.float32).reshape(shape) + 1
+    path = tmp_path / "w.safetensors"
+    save_file({"p": full}, str(path))
+    pieces = []
+    for rank in range(world):
+        with safe_open(str(path), framework="pt") as f:
+            p = ShardedParam(_Handle(f), "p", _FakeComm(rank, world), MemoryLedger())
+        start, stop, size = shard_range(full.numel(), rank, world)
+        assert p.shard.numel() == size
+        assert torch.equal(p.shard[: stop - start], full.reshape(-1)[start:stop])
+        assert not p.shard[stop - start:].any()
+        pieces.append(p.shard)
+    rebuilt = torch.cat(pieces)[: full.numel()].reshape(shape)
+    assert torch.equal(rebuilt, full)
+
+
+def _run_cli(args, env=None, timeout=120):
+    return subprocess.run([sys.executable, "-m", "shardbound.compiler.cli", *args],
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.fixture
+def fsdp_program(tmp_path):
+    model, shape = zoo.build("mlp")
+    onnx.save(model, tmp_path / "m.onnx")
+    out = compile_to(str(tmp_path / "m.onnx"), str(tmp_path / "prog"), mode="fsdp")
+    lo, hi = random_box(np.random.default_rng(0), shape)
+    box = tmp_path / "box.json"
+    box.write_text(json.dumps({"lower": lo.tolist(), "upper": hi.tolist()}))
+    return out, str(box)
+
+
+def test_run_nproc_reports_memory_and_matches_single(fsdp_program, tmp_path):
+    out, box = fsdp_program
+    res = _run_cli(["run", out, "--box", box, "--nproc", "2", "--json", str(tmp_path / "o2.json")])
+    assert res.returncode == 0, res.stderr
+    res1 = _run_cli(["run", out, "--box", box, "--json", str(tmp_path / "o1.json")])
+    assert res1.returncode == 0, res1.stderr
+    o2 = json.loads((tmp_path / "o2.json").read_text())
+    o1 = json.loads((tmp_path / "o1.json").read_text())
+    assert o2["bounds_sha256"] == o1["bounds_sha256"]
+    assert o2["world_size"] == 2
+    for key in ("resident_param_bytes", "peak_tracked_bytes", "peak_rss_bytes"):
+        assert o2["memory"][key] > 0
+    assert o2["memory"]["resident_param_bytes"] < o1["memory"]["resident_param_bytes"]
+
+
+@pytest.mark.parametrize("how", ["die", "hang"])
+def test_a_dead_or_hung_rank_stops_the_others_with_a_clear_message(fsdp_program, how):
+    out, box = fsdp_program
+    start = time.monotonic()
+    res = _run_cli(["run", out, "--box", box, "--nproc", "2", "--timeout", "5"],
+                   env={"SHARDBOUND_FAULT": f"1:3:{how}"}, timeout=90)
+    elapsed = time.monotonic() - start
+    assert res.returncode != 0
+    assert "Traceback" not in res.stderr
+    assert "rank 1" in res.stderr, res.stderr
+    assert elapsed < 60, elapsed
