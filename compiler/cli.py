@@ -11,6 +11,7 @@ import os
 import sys
 
 from shardbound.compiler.errors import ShardboundError
+from shardbound.compiler.verify_cmd import add_verify_arguments, run_verify
 from shardbound.runtime.main import ArgumentParser, add_run_arguments, guarded
 
 MODES = ("single", "fsdp")
@@ -84,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=int, default=1, metavar="P",
                    help="launch P ranks on this machine (gloo on CPU); default 1")
     p.set_defaults(fn=_run)
+    p = sub.add_parser("verify", help="verify a VNN-LIB property: sat, unsat, unknown or timeout")
+    add_verify_arguments(p, MODES)
+    p.set_defaults(fn=run_verify)
     p = sub.add_parser("inspect", help="print the bound IR of a model, one line per node")
     p.add_argument("model", metavar="MODEL.onnx")
     _add_plan_arguments(p)

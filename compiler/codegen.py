@@ -145,5 +145,7 @@ def write_program(graph: Graph, options, passes: list[str], out_dir: str) -> Non
         f.write("\n")
     tensors = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32))
                for k, v in sorted(graph.tensors.items())}
-    save_file(tensors, os.path.join(out_dir, "weights.safetensors"),
-              metadata={"format": "pt", "producer": "shardbound"})
+    # One metadata entry only: safetensors keeps `__metadata__` in a Rust HashMap whose
+    # iteration order is randomised per process, so two entries make the header (and the
+    # file's bytes) differ from one compile to the next. plan.json names the producer.
+    save_file(tensors, os.path.join(out_dir, "weights.safetensors"), metadata={"format": "pt"})

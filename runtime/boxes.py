@@ -59,6 +59,8 @@ def read_box_file(path: str) -> tuple[list, list]:
             data = json.load(f)
     except FileNotFoundError:
         raise ShardboundError(f"{path}: no such box file") from None
+    except IsADirectoryError:
+        raise ShardboundError(f"{path}: is a directory, not a box file") from None
     except (OSError, ValueError) as e:
         raise ShardboundError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(data, dict) or "lower" not in data or "upper" not in data:

@@ -118,7 +118,12 @@ def load(directory: str, summation: str | None = None, comm=None) -> Verifier:
     comm = comm or SingleComm()
     ledger = MemoryLedger()
     params = open_params(os.path.join(directory, "weights.safetensors"), plan["mode"], comm, ledger)
-    network = module.build(params, order=summation or module.SUMMATION)
+    try:
+        network = module.build(params, order=summation or module.SUMMATION)
+    except KeyError as e:
+        raise ShardboundError(f"{os.path.join(directory, 'weights.safetensors')}: tensor "
+                              f"{e.args[0]!r} that program.py needs is missing; recompile "
+                              "the model") from None
     network.ledger = ledger
     network.comm = comm
     return Verifier(network, plan, directory)

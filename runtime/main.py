@@ -24,10 +24,17 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--box", required=True, metavar="BOX.json",
-                        help='input box: {"lower": [...], "upper": [...]} (flattened input)')
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--box", metavar="BOX.json",
+                      help='input box: {"lower": [...], "upper": [...]} (flattened input)')
+    what.add_argument("--verify", metavar="SPEC.json",
+                      help="verify a property (written by `shardbound verify`) instead")
+    parser.add_argument("--result", metavar="FILE",
+                        help="with --verify: write the VNN-COMP result file")
+    parser.add_argument("--verify-timeout", type=float, default=300.0, metavar="S",
+                        help="with --verify: give up after S seconds (default 300)")
     parser.add_argument("--json", metavar="OUT.json", help="also write lower, upper, bounds_sha256")
-    parser.add_argument("--method", choices=("ibp", "crown"),
+    parser.add_argument("--method", choices=("ibp", "crown", "alpha-crown"),
                         help="bound method (default: the one compiled in)")
     parser.add_argument("--threads", type=int, default=1, metavar="T",
                         help="torch intra-op threads (default 1; set explicitly so runs repeat)")
@@ -46,6 +53,10 @@ def run(directory: str, args: argparse.Namespace) -> int:
         raise ShardboundError(f"--threads must be at least 1, got {args.threads}")
     if nproc > 1:
         return _launch(directory, args)
+    if args.verify:
+        from shardbound.runtime.verify_main import run_verify_rank
+
+        return run_verify_rank(directory, args)
     return _run_rank(directory, args)
 
 
@@ -56,8 +67,14 @@ def _launch(directory: str, args) -> int:
     from shardbound.runtime.loader import read_plan
 
     read_plan(directory)  # fail here, once, if DIR is not a program
-    argv = ["--box", os.path.abspath(args.box), "--threads", str(args.threads),
-            "--timeout", str(args.timeout)]
+    if args.verify:
+        argv = ["--verify", os.path.abspath(args.verify),
+                "--verify-timeout", str(args.verify_timeout)]
+        if args.result:
+            argv += ["--result", os.path.abspath(args.result)]
+    else:
+        argv = ["--box", os.path.abspath(args.box)]
+    argv += ["--threads", str(args.threads), "--timeout", str(args.timeout)]
     if args.json:
         argv += ["--json", os.path.abspath(args.json)]
     if args.method:
