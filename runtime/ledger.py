@@ -39,6 +39,15 @@ class MemoryLedger:
 
 
 def peak_rss_bytes() -> int:
+    """This process's own peak resident set. On Linux, VmHWM from /proc: ru_maxrss of a child
+    process starts from its parent's peak, which would hide the child's own use."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss if sys.platform == "darwin" else rss * 1024)
 

@@ -20,7 +20,7 @@ from shardbound.runtime.errors import ShardboundError
 from shardbound.runtime.ledger import MemoryLedger, tensor_bytes
 from shardbound.runtime.ops import Bounds, Op
 
-METHODS = ("ibp", "crown")
+METHODS = ("ibp", "crown", "alpha-crown")
 
 
 class Network:
@@ -70,6 +70,11 @@ class Network:
     def crown(self, lower: torch.Tensor, upper: torch.Tensor, C: torch.Tensor | None = None
               ) -> Bounds:
         """Bounds of C @ output for each box; C is (S, out) or (B, S, out); result (B, S)."""
+        ibp, known = self.intermediate_bounds(lower, upper)
+        return self.final_crown(ibp, known, lower, upper, C)
+
+    def intermediate_bounds(self, lower, upper) -> tuple[dict[str, Bounds], dict[str, Bounds]]:
+        """(IBP bounds of every node, planned bounds of the nodes that feed ReLUs)."""
         ibp = self.ibp_all(lower, upper)
         known: dict[str, Bounds] = {}
         for n in self.nodes:
@@ -82,9 +87,17 @@ class Network:
                 known[n.name] = _intersect(self.crown_node(n, lower, upper, known), ibp[n.name])
             self.ledger.set("bounds", tensor_bytes(
                 [t for b in ibp.values() for t in b] + [t for b in known.values() for t in b]))
+        return ibp, known
+
+    def final_crown(self, ibp, known, lower, upper, C=None, alphas=None, input_A=None) -> Bounds:
+        """The last backward pass, from the output through C (with alpha slopes if given).
+        Pass a dict as `input_A` to receive the lower-side A-matrix at the input ("lA")."""
         A = self._spec_matrix(C, lower.shape[0])
-        crown = self.backward(self.output, A, lower, upper, known)
+        crown = self.backward(self.output, A, lower, upper, known, alphas, input_A)
         return _intersect(crown, self._ibp_spec(ibp[self.output.name], C, lower.shape[0]))
+
+    def relu_nodes(self) -> list[Op]:
+        return [n for n in self.nodes if n.kind == "relu"]
 
     def _ibp_spec(self, out_bounds: Bounds, C, B: int) -> Bounds:
         lo, hi = out_bounds[0].reshape(B, -1), out_bounds[1].reshape(B, -1)
@@ -102,7 +115,8 @@ class Network:
         lo, hi = self.backward(node, A, lower, upper, known)
         return lo.reshape(B, *node.shape), hi.reshape(B, *node.shape)
 
-    def backward(self, target: Op, A: torch.Tensor, lower, upper, known) -> Bounds:
+    def backward(self, target: Op, A: torch.Tensor, lower, upper, known, alphas=None,
+                 input_A=None) -> Bounds:
         """Propagate A (B, S, *target.shape) back to the input and concretise over the box."""
         B, S = A.shape[:2]
         lAs: dict[str, torch.Tensor] = {target.name: A}
@@ -115,7 +129,8 @@ class Network:
                 continue
             lA, uA = lAs.pop(n.name), uAs.pop(n.name)
             in_bounds = [known.get(i) for i in n.inputs]
-            l_in, u_in, lb, ub = n.crown_backward(lA, uA, in_bounds)
+            alpha = alphas.get(n.name) if alphas else None
+            l_in, u_in, lb, ub = n.crown_backward(lA, uA, in_bounds, alpha=alpha)
             n.release()
             if lb is not None:
                 l_bias = l_bias + lb
@@ -129,6 +144,8 @@ class Network:
                     lAs[name], uAs[name] = la, ua
             self.ledger.set("a_matrix", tensor_bytes([*lAs.values(), *uAs.values(), *l_in, *u_in]))
         lA, uA = lAs[self.input.name], uAs[self.input.name]
+        if input_A is not None:
+            input_A["lA"] = lA
         return (self._concretize(lA, lower, upper, lower_side=True) + l_bias,
                 self._concretize(uA, lower, upper, lower_side=False) + u_bias)
 
@@ -162,6 +179,10 @@ class Network:
             return self._ibp_spec(self.ibp_all(lower, upper)[self.output.name], C, lower.shape[0])
         if method == "crown":
             return self.crown(lower, upper, C)
+        if method == "alpha-crown":
+            from shardbound.runtime.alpha import alpha_crown
+
+            return alpha_crown(self, lower, upper, C)
         raise ShardboundError(f"unknown bound method {method!r}; choose one of {', '.join(METHODS)}")
 
 

@@ -77,8 +77,8 @@ class Op:
         raise NotImplementedError
 
     def crown_backward(self, lA: torch.Tensor, uA: torch.Tensor,
-                       in_bounds: Sequence[Bounds | None]):
-        """Default for linear ops: the same map on both sides."""
+                       in_bounds: Sequence[Bounds | None], alpha=None):
+        """Default for linear ops: the same map on both sides (`alpha` is for ReLUs)."""
         l_in, l_bias = self.backward_linear(lA)
         if uA is lA:
             return l_in, l_in, l_bias, l_bias
@@ -322,12 +322,18 @@ class Relu(Op):
         low_slope = torch.where(unstable, (hi > -lo).to(hi.dtype), active.to(hi.dtype))
         return low_slope, up_slope, up_icpt
 
-    def crown_backward(self, lA, uA, in_bounds):
+    def crown_backward(self, lA, uA, in_bounds, alpha=None):
+        """`alpha` (B, S, *shape) in [0, 1], when given, replaces the lower slope of unstable
+        neurons on the lower-bound side (alpha-CROWN); any slope in [0, 1] is sound."""
         lo, hi = in_bounds[0]
         low_slope, up_slope, up_icpt = self.relaxation(lo, hi)
         B, S = self._rows(lA)
         # Broadcast the per-box relaxation over the S rows.
         low_slope, up_slope, up_icpt = (t.unsqueeze(1) for t in (low_slope, up_slope, up_icpt))
+        l_low = low_slope
+        if alpha is not None:
+            unstable = ((lo < 0) & (hi > 0)).unsqueeze(1)
+            l_low = torch.where(unstable, alpha.clamp(0, 1), low_slope)
         icpt_flat = up_icpt.expand(B, S, *self.shape).reshape(B, S, -1)
 
         def side(A, pos_slope, neg_slope, pos_bias: bool):
@@ -338,7 +344,7 @@ class Relu(Op):
             return A_in, bias
 
         # Lower bound: positive coefficients take the lower line, negative the upper line.
-        lA_in, l_bias = side(lA, low_slope, up_slope, pos_bias=False)
+        lA_in, l_bias = side(lA, l_low, up_slope, pos_bias=False)
         uA_in, u_bias = side(uA, up_slope, low_slope, pos_bias=True)
         return [lA_in], [uA_in], l_bias, u_bias
 

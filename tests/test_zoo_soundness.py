@@ -49,7 +49,7 @@ def test_forward_matches_onnx_reference(compile_zoo, name):
 
 
 @pytest.mark.parametrize("name", sorted(zoo.ZOO))
-@pytest.mark.parametrize("method", ["ibp", "crown"])
+@pytest.mark.parametrize("method", ["ibp", "crown", "alpha-crown"])
 def test_bounds_are_sound(compile_zoo, name, method):
     verifier, _, _ = compile_zoo(name)
     rng = np.random.default_rng(2)
@@ -111,3 +111,19 @@ def test_batched_boxes_match_single_boxes(compile_zoo):
         slb, sub = verifier.bounds(l, h)
         torch.testing.assert_close(lb[i], slb, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(ub[i], sub, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["mlp", "residual", "cnn_batchnorm"])
+def test_alpha_crown_is_at_least_as_tight_as_crown_and_repeats(compile_zoo, name):
+    verifier, _, _ = compile_zoo(name)
+    lo, hi = random_box(np.random.default_rng(12), verifier.input_shape, radius=0.3)
+    out = int(np.prod(verifier.output_shape))
+    C = torch.from_numpy(np.random.default_rng(13).normal(size=(2, out)).astype(np.float32))
+    clb, _ = verifier.bounds(lo, hi, C=C, method="crown")
+    alb, aub = verifier.bounds(lo, hi, C=C, method="alpha-crown")
+    alb2, aub2 = verifier.bounds(lo, hi, C=C, method="alpha-crown")
+    assert bool((alb >= clb).all())
+    assert torch.equal(alb, alb2) and torch.equal(aub, aub2)
+    forward, _ = _flat_forward(verifier)
+    assert_sound(forward, torch.from_numpy(lo), torch.from_numpy(hi), alb, aub, C=C, n=3000,
+                 label=f"{name}/alpha")

@@ -1,0 +1,50 @@
+"""`shardbound verify MODEL.onnx PROP.vnnlib`: compile, then run the verifier on P ranks.
+
+The model is compiled (into --out, or a temporary directory), the VNN-LIB property is parsed
+here (with errors naming the file, line and token) and handed to the program as a spec file;
+the compiled program then verifies it in-process or on --nproc ranks. The timeout covers the
+whole command, compilation included, as in VNN-COMP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+
+def add_verify_arguments(p: argparse.ArgumentParser, modes) -> None:
+    p.add_argument("model", metavar="MODEL.onnx")
+    p.add_argument("property", metavar="PROP.vnnlib")
+    p.add_argument("--mode", choices=modes, default="single", help="sharding mode (default single)")
+    p.add_argument("--nproc", type=int, default=1, metavar="P", help="ranks to launch (default 1)")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                   help="give up after S seconds in all (default 300)")
+    p.add_argument("--result", metavar="FILE", help="write the VNN-COMP result file")
+    p.add_argument("--threads", type=int, default=1, metavar="T", help="torch threads per rank")
+    p.add_argument("-o", "--out", metavar="DIR", help="keep the compiled program in DIR")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="print only the verdict (no progress line)")
+
+
+def run_verify(args) -> int:
+    from shardbound.compiler.driver import compile_model
+    from shardbound.compiler.vnnlib import parse_vnnlib
+    from shardbound.passes.manager import PassOptions
+    from shardbound.runtime.main import run
+    from shardbound.runtime.spec import spec_from_property
+
+    start = time.monotonic()
+    prop = parse_vnnlib(args.property)
+    with tempfile.TemporaryDirectory(prefix="shardbound-verify-") as tmp:
+        out = args.out or os.path.join(tmp, "program")
+        compile_model(args.model, out, PassOptions(mode=args.mode))
+        spec_path = os.path.join(tmp, "spec.json")
+        with open(spec_path, "w", encoding="utf-8") as f:
+            f.write(spec_from_property(prop).to_json())
+        remaining = max(1.0, args.timeout - (time.monotonic() - start))
+        ns = argparse.Namespace(verify=spec_path, box=None, result=args.result,
+                                verify_timeout=remaining, nproc=args.nproc, threads=args.threads,
+                                timeout=60.0, json=None, method=None, quiet=args.quiet)
+        return run(out, ns)

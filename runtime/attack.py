@@ -1,0 +1,53 @@
+"""Projected-gradient search for counterexamples inside an input box.
+
+For each conjunction of the violation region {C f(x) <= d}, minimise the largest row margin
+max_i (C_i f(x) - d_i) over the box with signed-gradient steps from several starting points
+(the centre, then seeded random points); a point whose margin is <= 0 is a candidate that the
+caller confirms with a plain forward pass. Seeded, so repeated runs find the same point.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def pgd(forward, lo: torch.Tensor, hi: torch.Tensor, C: torch.Tensor, d: np.ndarray,
+        owner: np.ndarray, restarts: int = 8, steps: int = 60, seed: int = 0) -> torch.Tensor | None:
+    """A point x in [lo, hi] (flattened) with all rows of some conjunction satisfied, or None.
+
+    forward: (N, n) -> (N, m) flattened outputs. C (R, m), d (R,), owner (R,) conjunction index.
+    """
+    groups = [np.nonzero(owner == j)[0] for j in range(int(owner.max()) + 1)] if len(owner) else []
+    if not groups:
+        return None
+    gen = torch.Generator().manual_seed(seed)
+    n = lo.numel()
+    lo, hi = lo.reshape(1, -1), hi.reshape(1, -1)
+    d_t = torch.tensor(d, dtype=torch.float32)
+    # Every (conjunction, restart) pair is one row of the batch.
+    starts = torch.rand(len(groups) * restarts, n, generator=gen)
+    starts[::restarts] = 0.5                                  # the centre first
+    x = (lo + starts * (hi - lo)).clamp(lo, hi)
+    masks = torch.zeros(len(groups) * restarts, C.shape[0], dtype=torch.bool)
+    for j, rows in enumerate(groups):
+        masks[j * restarts:(j + 1) * restarts, torch.as_tensor(rows)] = True
+    momentum = torch.zeros_like(x)
+    for it in range(steps + 1):
+        x = x.detach().requires_grad_(True)
+        margins = forward(x) @ C.T - d_t                        # (N, R)
+        worst = torch.where(masks, margins, torch.full_like(margins, -torch.inf)).max(dim=1).values
+        hit = (worst <= 0).nonzero()
+        if len(hit):
+            return x[int(hit[0])].detach()
+        if it == steps:
+            break
+        (grad,) = torch.autograd.grad(worst.sum(), x)
+        with torch.no_grad():
+            # Momentum on the normalised gradient, and a step that shrinks linearly from a
+            # quarter of the box to a hundredth: large moves first, then fine tuning.
+            g = grad / grad.abs().sum(dim=1, keepdim=True).clamp(min=1e-30)
+            momentum = 0.75 * momentum + g
+            step = (hi - lo) * (0.25 * (1 - it / steps) + 0.01)
+            x = torch.maximum(torch.minimum(x - step * momentum.sign(), hi), lo)
+    return None

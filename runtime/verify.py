@@ -1,0 +1,166 @@
+"""Turn bounds into answers: sat (with a confirmed counterexample), unsat, unknown, timeout.
+
+Per case of the property: (1) a projected-gradient attack; (2) CROWN on the whole box;
+(3) alpha-CROWN; (4) branch and bound by input splitting when the input is small enough.
+The property is sat as soon as one case has a counterexample that a plain forward pass
+confirms, and unsat when every case is proved. Results follow VNN-COMP.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from shardbound.runtime import alpha as alpha_mod
+from shardbound.runtime.attack import pgd
+from shardbound.runtime.bab import input_split, refuted_conjunctions
+from shardbound.runtime.spec import Spec, SpecCase, inside_box, outward_box, violated_conjunctions
+
+SPLIT_MAX_INPUTS = 16     # input splitting beyond this many inputs rarely finishes
+
+
+@dataclass
+class Result:
+    verdict: str
+    x: np.ndarray | None = None        # counterexample input (flattened), for sat
+    y: np.ndarray | None = None        # its output
+    seconds: float = 0.0
+    stages: list[str] = field(default_factory=list)
+
+    def vnncomp_text(self) -> str:
+        """The VNN-COMP result file: the verdict, then for sat the assignment."""
+        if self.verdict != "sat":
+            return self.verdict + "\n"
+        parts = [f"(X_{i} {float(v)!r})" for i, v in enumerate(self.x)]
+        parts += [f"(Y_{j} {float(v)!r})" for j, v in enumerate(self.y)]
+        return "sat\n(" + "\n ".join(parts) + ")\n"
+
+
+class Progress:
+    """One status line on a terminal (domains left, verified volume, elapsed); silent when
+    quiet or when stderr is not a terminal, so logs and pipes stay clean."""
+
+    def __init__(self, quiet: bool, stream=None):
+        self.stream = stream or sys.stderr
+        self.enabled = not quiet and self.stream.isatty()
+        self.last = 0.0
+
+    def __call__(self, domains_left, verified, elapsed):
+        if not self.enabled or time.monotonic() - self.last < 0.2:
+            return
+        self.last = time.monotonic()
+        self.stream.write(f"\r  bab: {domains_left} domains left, {100 * verified:6.2f}% of the "
+                          f"box verified, {elapsed:6.1f} s ")
+        self.stream.flush()
+
+    def done(self):
+        if self.enabled:
+            self.stream.write("\r" + " " * 78 + "\r")
+            self.stream.flush()
+
+
+class _CaseRunner:
+    def __init__(self, verifier, case: SpecCase, deadline: float, comm, progress, log):
+        self.net = verifier.network
+        self.case = case
+        self.deadline = deadline
+        self.comm = comm
+        self.progress = progress
+        self.log = log
+        self.lo, self.hi = outward_box(case.lower, case.upper)
+        self.C, self.d, self.owner = case.stacked()
+        self.n_conj = len(case.conjunctions)
+
+    def forward_flat(self, x):
+        return self.net.forward(x.reshape(-1, *self.net.input_shape)).reshape(x.shape[0], -1)
+
+    def confirm(self, x) -> tuple[np.ndarray, np.ndarray] | None:
+        """A plain forward pass at a point inside the real (float64) box."""
+        x = inside_box(x.reshape(-1), self.case.lower, self.case.upper)
+        with torch.no_grad():
+            y = self.forward_flat(x.reshape(1, -1))[0]
+        if violated_conjunctions(y, self.case):
+            return x.numpy().astype(np.float64), y.numpy().astype(np.float64)
+        return None
+
+    def is_violation(self, xs):
+        with torch.no_grad():
+            ys = self.forward_flat(xs)
+        for i in range(xs.shape[0]):
+            if violated_conjunctions(ys[i], self.case) and self.confirm(xs[i]) is not None:
+                return i
+        return None
+
+    def agree(self, flag: bool) -> bool:
+        return bool(self.comm.all_reduce_max(torch.tensor([float(flag)]))[0] > 0)
+
+    def refuted(self, lb) -> bool:
+        return bool(refuted_conjunctions(lb, self.d, self.owner, self.n_conj).all())
+
+    def run(self):
+        if self.n_conj == 0:
+            return "unsat", None
+        if any(len(k.d) == 0 for k in self.case.conjunctions):   # no output constraint
+            return "sat", self.confirm((self.lo + self.hi) / 2)
+        shape = (1, *self.net.input_shape)
+        lo, hi = self.lo.reshape(shape), self.hi.reshape(shape)
+        x = pgd(self.forward_flat, self.lo, self.hi, self.C, self.d, self.owner)
+        if x is not None and (cex := self.confirm(x)) is not None:
+            self.log("attack")
+            return "sat", cex
+        with torch.no_grad():
+            cache = self.net.intermediate_bounds(lo, hi)
+            lb, _ = self.net.final_crown(*cache, lo, hi, self.C)
+        self.log("crown")
+        if self.refuted(lb):
+            return "unsat", None
+        lb, _ = alpha_mod.alpha_crown(self.net, lo, hi, self.C, cache=cache)
+        self.log("alpha-crown")
+        if self.refuted(lb):
+            return "unsat", None
+        if self.lo.numel() <= SPLIT_MAX_INPUTS:
+            self.log("input-split")
+            res = input_split(self.net, self.C, self.d, self.owner, self.lo, self.hi,
+                              self.deadline, self.agree, self.is_violation, progress=self.progress)
+            self.progress.done()
+            if res.verdict == "sat":
+                return "sat", self.confirm(res.x)
+            return res.verdict, None
+        x = pgd(self.forward_flat, self.lo, self.hi, self.C, self.d, self.owner,
+                restarts=32, steps=150, seed=1)
+        if x is not None and (cex := self.confirm(x)) is not None:
+            self.log("attack-strong")
+            return "sat", cex
+        return ("timeout" if time.monotonic() > self.deadline else "unknown"), None
+
+
+def verify(verifier, spec: Spec, timeout_s: float, comm, quiet: bool = True) -> Result:
+    """The verdict on `spec` for the compiled network behind `verifier`."""
+    start = time.monotonic()
+    deadline = start + timeout_s
+    stages: list[str] = []
+    progress = Progress(quiet)
+    verdicts = []
+    if spec.num_inputs != int(np.prod(verifier.input_shape)):
+        from shardbound.runtime.errors import ShardboundError
+        raise ShardboundError(f"{spec.source}: the property has {spec.num_inputs} inputs but the "
+                              f"model takes {int(np.prod(verifier.input_shape))}")
+    for i, case in enumerate(spec.cases):
+        runner = _CaseRunner(verifier, case, deadline, comm, progress,
+                             lambda s, i=i: stages.append(f"case {i}: {s}"))
+        verdict, cex = runner.run()
+        if verdict == "sat" and cex is not None:
+            return Result("sat", cex[0], cex[1], time.monotonic() - start, stages)
+        if verdict == "sat":      # a sat without a confirmed point is not reported
+            verdict = "unknown"
+        verdicts.append(verdict)
+        if verdict == "timeout":
+            break
+    seconds = time.monotonic() - start
+    if all(v == "unsat" for v in verdicts) and len(verdicts) == len(spec.cases):
+        return Result("unsat", seconds=seconds, stages=stages)
+    return Result("timeout" if "timeout" in verdicts else "unknown", seconds=seconds, stages=stages)
