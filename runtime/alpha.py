@@ -38,7 +38,7 @@ def alpha_crown(network, lower: torch.Tensor, upper: torch.Tensor, C=None,
     for _ in range(iterations):
         opt.zero_grad(set_to_none=True)
         with torch.enable_grad():    # callers may run under no_grad
-            lb, _ = network.final_crown(ibp, known, lower, upper, C, alphas)
+            lb, _ = network.final_crown(ibp, known, lower, upper, C, alphas, lower_only=True)
             if not lb.requires_grad:  # no unstable ReLU on the way: nothing to optimise
                 break
             (-lb.sum()).backward()
@@ -48,6 +48,6 @@ def alpha_crown(network, lower: torch.Tensor, upper: torch.Tensor, C=None,
             for a in alphas.values():
                 a.clamp_(0, 1)
     with torch.no_grad():
-        lb, _ = network.final_crown(ibp, known, lower, upper, C, alphas)
+        lb, _ = network.final_crown(ibp, known, lower, upper, C, alphas, lower_only=True)
         best = torch.maximum(best, lb)
     return best, ub

@@ -66,7 +66,7 @@ def input_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violati
             ibp, known = network.intermediate_bounds(blo.reshape(shape), bhi.reshape(shape))
             grab = {}
             lb, _ = network.final_crown(ibp, known, blo.reshape(shape), bhi.reshape(shape), C,
-                                        input_A=grab)
+                                        input_A=grab, lower_only=True)
         bounded += take
         refuted = refuted_conjunctions(lb, d, owner, n_conj)
         done = refuted.all(dim=1)

@@ -89,12 +89,15 @@ class Network:
                 [t for b in ibp.values() for t in b] + [t for b in known.values() for t in b]))
         return ibp, known
 
-    def final_crown(self, ibp, known, lower, upper, C=None, alphas=None, input_A=None) -> Bounds:
+    def final_crown(self, ibp, known, lower, upper, C=None, alphas=None, input_A=None,
+                    lower_only: bool = False) -> Bounds:
         """The last backward pass, from the output through C (with alpha slopes if given).
-        Pass a dict as `input_A` to receive the lower-side A-matrix at the input ("lA")."""
+        Pass a dict as `input_A` to receive the lower-side A-matrix at the input ("lA");
+        with `lower_only` the upper bound is not computed (returned as None)."""
         A = self._spec_matrix(C, lower.shape[0])
-        crown = self.backward(self.output, A, lower, upper, known, alphas, input_A)
-        return _intersect(crown, self._ibp_spec(ibp[self.output.name], C, lower.shape[0]))
+        lo, hi = self.backward(self.output, A, lower, upper, known, alphas, input_A, lower_only)
+        ilo, ihi = self._ibp_spec(ibp[self.output.name], C, lower.shape[0])
+        return torch.maximum(lo, ilo), (None if hi is None else torch.minimum(hi, ihi))
 
     def relu_nodes(self) -> list[Op]:
         return [n for n in self.nodes if n.kind == "relu"]
@@ -116,11 +119,12 @@ class Network:
         return lo.reshape(B, *node.shape), hi.reshape(B, *node.shape)
 
     def backward(self, target: Op, A: torch.Tensor, lower, upper, known, alphas=None,
-                 input_A=None) -> Bounds:
-        """Propagate A (B, S, *target.shape) back to the input and concretise over the box."""
+                 input_A=None, lower_only: bool = False) -> Bounds:
+        """Propagate A (B, S, *target.shape) back to the input and concretise over the box.
+        With `lower_only`, the upper side is skipped and returned as None."""
         B, S = A.shape[:2]
         lAs: dict[str, torch.Tensor] = {target.name: A}
-        uAs: dict[str, torch.Tensor] = {target.name: A}
+        uAs: dict[str, torch.Tensor | None] = {target.name: None if lower_only else A}
         l_bias = torch.zeros(B, S, dtype=A.dtype)
         u_bias = torch.zeros(B, S, dtype=A.dtype)
         stop = self.nodes.index(target)
@@ -139,15 +143,17 @@ class Network:
             for name, la, ua in zip(n.inputs, l_in, u_in):
                 if name in lAs:
                     lAs[name] = lAs[name] + la
-                    uAs[name] = uAs[name] + ua
+                    uAs[name] = None if ua is None else uAs[name] + ua
                 else:
                     lAs[name], uAs[name] = la, ua
             self.ledger.set("a_matrix", tensor_bytes([*lAs.values(), *uAs.values(), *l_in, *u_in]))
         lA, uA = lAs[self.input.name], uAs[self.input.name]
         if input_A is not None:
             input_A["lA"] = lA
-        return (self._concretize(lA, lower, upper, lower_side=True) + l_bias,
-                self._concretize(uA, lower, upper, lower_side=False) + u_bias)
+        lo = self._concretize(lA, lower, upper, lower_side=True) + l_bias
+        if uA is None:
+            return lo, None
+        return lo, self._concretize(uA, lower, upper, lower_side=False) + u_bias
 
     def _concretize(self, A, lower, upper, lower_side: bool) -> torch.Tensor:
         """min (or max) of A x over the box: A.center -/+ |A|.radius, per row."""

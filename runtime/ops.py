@@ -80,6 +80,8 @@ class Op:
                        in_bounds: Sequence[Bounds | None], alpha=None):
         """Default for linear ops: the same map on both sides (`alpha` is for ReLUs)."""
         l_in, l_bias = self.backward_linear(lA)
+        if uA is None:
+            return l_in, [None] * len(l_in), l_bias, None
         if uA is lA:
             return l_in, l_in, l_bias, l_bias
         u_in, u_bias = self.backward_linear(uA)
@@ -334,17 +336,20 @@ class Relu(Op):
         if alpha is not None:
             unstable = ((lo < 0) & (hi > 0)).unsqueeze(1)
             l_low = torch.where(unstable, alpha.clamp(0, 1), low_slope)
-        icpt_flat = up_icpt.expand(B, S, *self.shape).reshape(B, S, -1)
+        icpt_flat = up_icpt.reshape(up_icpt.shape[0], 1, -1)
 
         def side(A, pos_slope, neg_slope, pos_bias: bool):
-            pos, neg = A.clamp(min=0), A.clamp(max=0)
-            A_in = pos * pos_slope + neg * neg_slope
-            coef = pos if pos_bias else neg
+            # pos * pos_slope + neg * neg_slope, with neg = A - pos: one clamp, fewer passes.
+            pos = A.clamp(min=0)
+            A_in = A * neg_slope + pos * (pos_slope - neg_slope)
+            coef = pos if pos_bias else A - pos
             bias = contract.dot_last(coef.reshape(B, S, -1), icpt_flat, self.order)
             return A_in, bias
 
         # Lower bound: positive coefficients take the lower line, negative the upper line.
         lA_in, l_bias = side(lA, l_low, up_slope, pos_bias=False)
+        if uA is None:                      # lower bound only
+            return [lA_in], [None], l_bias, None
         uA_in, u_bias = side(uA, up_slope, low_slope, pos_bias=True)
         return [lA_in], [uA_in], l_bias, u_bias
 
