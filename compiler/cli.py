@@ -15,7 +15,7 @@ from shardbound.compiler.verify_cmd import add_verify_arguments, run_verify
 from shardbound.runtime.main import ArgumentParser, add_run_arguments, guarded
 
 MODES = ("single", "fsdp")
-SUMMATIONS = ("fast",)
+SUMMATIONS = ("blocked", "exact", "fast")
 
 
 def _add_compile_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,8 +33,10 @@ def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
                    help="default bound method of the program (default crown)")
     p.add_argument("--intermediate", choices=("crown", "ibp"), default="crown",
                    help="how CROWN bounds the inputs of ReLUs (default crown)")
-    p.add_argument("--summation", choices=SUMMATIONS, default="fast",
-                   help="summation order of every contraction (default fast)")
+    p.add_argument("--summation", choices=SUMMATIONS, default="blocked",
+                   help="summation order of every contraction: blocked (default; the same bits "
+                        "for any thread count and rank count), exact (correctly rounded: the "
+                        "same bits on any BLAS or device), fast (plain BLAS; run-to-run only)")
 
 
 def _options(args):

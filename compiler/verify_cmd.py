@@ -19,6 +19,8 @@ def add_verify_arguments(p: argparse.ArgumentParser, modes) -> None:
     p.add_argument("property", metavar="PROP.vnnlib")
     p.add_argument("--mode", choices=modes, default="single", help="sharding mode (default single)")
     p.add_argument("--nproc", type=int, default=1, metavar="P", help="ranks to launch (default 1)")
+    p.add_argument("--summation", choices=("blocked", "exact", "fast"), default="blocked",
+                   help="summation order (default blocked; see `compile --help`)")
     p.add_argument("--timeout", type=float, default=300.0, metavar="S",
                    help="give up after S seconds in all (default 300)")
     p.add_argument("--result", metavar="FILE", help="write the VNN-COMP result file")
@@ -39,7 +41,7 @@ def run_verify(args) -> int:
     prop = parse_vnnlib(args.property)
     with tempfile.TemporaryDirectory(prefix="shardbound-verify-") as tmp:
         out = args.out or os.path.join(tmp, "program")
-        compile_model(args.model, out, PassOptions(mode=args.mode))
+        compile_model(args.model, out, PassOptions(mode=args.mode, summation=args.summation))
         spec_path = os.path.join(tmp, "spec.json")
         with open(spec_path, "w", encoding="utf-8") as f:
             f.write(spec_from_property(prop).to_json())

@@ -22,7 +22,7 @@ class PassOptions:
     mode: str = "single"
     method: str = "crown"              # the program's default final bound method
     intermediate: str = "crown"        # how nodes feeding a ReLU are bounded under CROWN
-    summation: str = "fast"
+    summation: str = "blocked"
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,11 @@ from __future__ import annotations
 from shardbound.passes.bound_plan import bound_plan
 from shardbound.passes.canonicalize import canonicalize
 from shardbound.passes.fsdp_schedule import fsdp_schedule
+from shardbound.passes.summation_order import summation_order
 from shardbound.passes.manager import Pass, PassManager
 
-_COMMON = [Pass("canonicalize", canonicalize), Pass("bound_plan", bound_plan)]
+_COMMON = [Pass("canonicalize", canonicalize), Pass("bound_plan", bound_plan),
+           Pass("summation_order", summation_order)]
 
 PIPELINES = {
     "single": _COMMON,

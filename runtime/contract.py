@@ -1,10 +1,18 @@
 """Every contraction a bound kernel performs goes through this module.
 
 Bound propagation spends its time in three kinds of sums: matrix products (forward, IBP and the
-CROWN backward pass through linear layers), bias terms (A-matrix times bias vector) and the final
-concretisation (A-matrix against the input box). Routing all of them through one place lets the
-summation order be chosen per program (`fast`, `blocked`, `exact`) without touching the ops.
+CROWN backward pass through linear layers and im2col convolutions), bias terms (A-matrix times
+bias vector) and the final concretisation (A-matrix against the input box). Routing all of them
+through one place lets the summation order be chosen per program without touching the ops:
+
+- `fast`: plain BLAS; bits repeat run to run only.
+- `blocked`: fixed 256-blocks, each block product exact, a fixed pairwise tree over blocks
+  (shardbound.runtime.summation): the same bits for any thread count, row batching or rank count.
+- `exact`: correctly rounded (Ozaki slices): the same bits on any BLAS or device too.
+
 The order is always passed explicitly: there is no module-level default to drift between runs.
+Gradients (alpha-CROWN optimises through these sums) use the same order for the backward
+products, so optimised slopes are as reproducible as the bounds.
 """
 
 from __future__ import annotations
@@ -14,45 +22,71 @@ import torch
 ORDERS = ("fast", "blocked", "exact")
 
 
-def _fast_matmul(x: torch.Tensor, w_t: torch.Tensor) -> torch.Tensor:
-    return torch.matmul(x, w_t.t())
-
-
-def _fast_sum_last(a: torch.Tensor) -> torch.Tensor:
-    return a.sum(dim=-1)
-
-
-def _summation_module():
-    """The deterministic kernels, imported lazily (they are only needed for their orders)."""
+def _kernels():
+    """The deterministic kernels, imported lazily (only their orders need them)."""
     from shardbound.runtime import summation
 
     return summation
 
 
+def _check(order: str) -> None:
+    if order not in ORDERS:
+        raise ValueError(f"unknown summation order {order!r}; choose one of {', '.join(ORDERS)}")
+
+
+class _OrderedMatmul(torch.autograd.Function):
+    """x @ w_t.T in a fixed order; the gradient w.r.t. x is g @ w_t in the same order (the
+    weights never need gradients in bound propagation)."""
+
+    @staticmethod
+    def forward(ctx, x, w_t, order):
+        ctx.save_for_backward(w_t)
+        ctx.order = order
+        return _kernels().matmul(x.contiguous(), w_t.contiguous(), order)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (w_t,) = ctx.saved_tensors
+        return _kernels().matmul(grad.contiguous(), w_t.t().contiguous(), ctx.order), None, None
+
+
+class _OrderedDot(torch.autograd.Function):
+    """sum(a * b, -1) in a fixed order; b (bounds, biases) never needs a gradient."""
+
+    @staticmethod
+    def forward(ctx, a, b, order):
+        ctx.save_for_backward(b)
+        ctx.a_shape = a.shape
+        return _kernels().dot_last(a.contiguous(), b.contiguous(), order)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (b,) = ctx.saved_tensors
+        return (grad.unsqueeze(-1) * b).expand(ctx.a_shape), None, None
+
+
 def matmul(x: torch.Tensor, w_t: torch.Tensor, order: str) -> torch.Tensor:
     """`x @ w_t.T` with x (..., K) and w_t (N, K), summed over K in the given order."""
     if order == "fast":
-        return _fast_matmul(x, w_t)
-    if order in ORDERS:
-        return _summation_module().matmul(x.contiguous(), w_t.contiguous(), order)
-    raise ValueError(f"unknown summation order {order!r}; choose one of {', '.join(ORDERS)}")
+        return torch.matmul(x, w_t.t())
+    _check(order)
+    if x.requires_grad:
+        return _OrderedMatmul.apply(x, w_t, order)
+    return _kernels().matmul(x.contiguous(), w_t.contiguous(), order)
+
+
+def dot_last(a: torch.Tensor, b: torch.Tensor, order: str) -> torch.Tensor:
+    """Sum over the last dimension of `a * b` (b broadcast against a) in the given order."""
+    if order == "fast":
+        return (a * b).sum(dim=-1)
+    _check(order)
+    if a.requires_grad:
+        return _OrderedDot.apply(a, b, order)
+    return _kernels().dot_last(a.contiguous(), b.contiguous(), order)
 
 
 def sum_last(a: torch.Tensor, order: str) -> torch.Tensor:
     """Sum over the last dimension in the given order."""
     if order == "fast":
-        return _fast_sum_last(a)
-    if order in ORDERS:
-        ones = torch.ones(a.shape[-1], dtype=a.dtype, device=a.device)
-        return _summation_module().dot_last(a.contiguous(), ones.expand_as(a).contiguous(), order)
-    raise ValueError(f"unknown summation order {order!r}; choose one of {', '.join(ORDERS)}")
-
-
-def dot_last(a: torch.Tensor, b: torch.Tensor, order: str) -> torch.Tensor:
-    """Sum over the last dimension of `a * b` (b broadcast to a) in the given order."""
-    b = b.expand_as(a)
-    if order == "fast":
-        return (a * b).sum(dim=-1)
-    if order in ORDERS:
-        return _summation_module().dot_last(a.contiguous(), b.contiguous(), order)
-    raise ValueError(f"unknown summation order {order!r}; choose one of {', '.join(ORDERS)}")
+        return a.sum(dim=-1)
+    return dot_last(a, torch.ones(a.shape[-1], dtype=a.dtype, device=a.device), order)

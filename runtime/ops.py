@@ -159,13 +159,43 @@ class Conv2d(Op):
 
     def _conv(self, x, w, with_bias=True):
         pt, pl, pb, pr = self.pads
+        b = self.param("bias") if with_bias else None
+        if self.order != "fast":
+            return self._conv_im2col(F.pad(x, (pl, pr, pt, pb)), w, b)
         if (pt, pl) == (pb, pr):
             padding = (pt, pl)
         else:
             x = F.pad(x, (pl, pr, pt, pb))
             padding = (0, 0)
-        b = self.param("bias") if with_bias else None
         return F.conv2d(x, w, b, self.strides, padding, self.dilations, self.groups)
+
+    def _group_matmul(self, cols, w2, in_per_group: int):
+        """cols (N, L, G*in_per_group) @ per-group weights w2 (Cout, in_per_group) -> (N, L, Cout),
+        every product through the contraction kernels (fixed summation order)."""
+        G = self.groups
+        out_per_group = w2.shape[0] // G
+        parts = [contract.matmul(cols[..., g * in_per_group:(g + 1) * in_per_group].contiguous(),
+                                 w2[g * out_per_group:(g + 1) * out_per_group].contiguous(),
+                                 self.order) for g in range(G)]
+        return parts[0] if G == 1 else torch.cat(parts, dim=-1)
+
+    def _conv_im2col(self, x_padded, w, b):
+        """Convolution as unfold + matmul: the contraction over C_in*kh*kw then follows the
+        program's summation order instead of the convolution library's."""
+        Cout = w.shape[0]
+        kh, kw = w.shape[2:]
+        Ho, Wo = self._out_hw(x_padded, w)
+        cols = F.unfold(x_padded, (kh, kw), dilation=self.dilations, stride=self.strides)
+        cols = cols.transpose(1, 2).contiguous()                        # (B, L, C*kh*kw)
+        y = self._group_matmul(cols, w.reshape(Cout, -1), w.shape[1] * kh * kw)
+        y = y.transpose(1, 2).reshape(x_padded.shape[0], Cout, Ho, Wo)
+        return y + b.reshape(1, -1, 1, 1) if b is not None else y.contiguous()
+
+    def _out_hw(self, x_padded, w):
+        kh, kw = w.shape[2:]
+        (sh, sw), (dh, dw) = self.strides, self.dilations
+        H, W = x_padded.shape[2:]
+        return (H - dh * (kh - 1) - 1) // sh + 1, (W - dw * (kw - 1) - 1) // sw + 1
 
     def forward(self, x):
         return self._conv(x, self.param("weight"))
@@ -185,16 +215,41 @@ class Conv2d(Op):
         Ho, Wo = self.shape[1:]
         kh, kw = w.shape[2:]
         (sh, sw), (dh, dw) = self.strides, self.dilations
-        out_pad = (Hp - ((Ho - 1) * sh + dh * (kh - 1) + 1), Wp - ((Wo - 1) * sw + dw * (kw - 1) + 1))
         flat = A.reshape(B * S, *self.shape)
-        A_pad = F.conv_transpose2d(flat, w, None, self.strides, 0, out_pad, self.groups, self.dilations)
-        A_in = A_pad[:, :, pt:pt + H, pl:pl + W].reshape(B, S, C_in, H, W)
+        if self.order == "fast":
+            out_pad = (Hp - ((Ho - 1) * sh + dh * (kh - 1) + 1),
+                       Wp - ((Wo - 1) * sw + dw * (kw - 1) + 1))
+            A_pad = F.conv_transpose2d(flat, w, None, self.strides, 0, out_pad, self.groups,
+                                       self.dilations)
+        else:
+            A_pad = self._backward_im2col(flat, w, (Hp, Wp))
+        A_in = A_pad[:, :, pt:pt + H, pl:pl + W].contiguous().reshape(B, S, C_in, H, W)
         b = self.param("bias")
         bias = None
         if b is not None:
             per_channel = contract.sum_last(A.reshape(B, S, self.shape[0], Ho * Wo), self.order)
             bias = contract.dot_last(per_channel, b, self.order)
         return [A_in], bias
+
+
+    def _backward_im2col(self, A_flat, w, padded_hw):
+        """The transpose of _conv_im2col: A (N, Cout, Ho, Wo) -> (N, C_in, Hp, Wp); the
+        contraction over Cout goes through the kernels, the scatter-add of patches is F.fold."""
+        N, Cout = A_flat.shape[:2]
+        kh, kw = w.shape[2:]
+        G = self.groups
+        cin_g = w.shape[1]
+        A_cols = A_flat.reshape(N, Cout, -1).transpose(1, 2).contiguous()   # (N, L, Cout)
+        out_per_group = Cout // G
+        parts = []
+        for g in range(G):
+            wg = w[g * out_per_group:(g + 1) * out_per_group].reshape(out_per_group, -1)
+            parts.append(contract.matmul(
+                A_cols[..., g * out_per_group:(g + 1) * out_per_group].contiguous(),
+                wg.t().contiguous(), self.order))                          # (N, L, cin_g*kh*kw)
+        cols = parts[0] if G == 1 else torch.cat(parts, dim=-1)
+        cols = cols.transpose(1, 2).contiguous()                            # (N, C_in*kh*kw, L)
+        return F.fold(cols, padded_hw, (kh, kw), dilation=self.dilations, stride=self.strides)
 
 
 class Affine(Op):

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# VNN-COMP: run_instance.sh v1 CATEGORY ONNX VNNLIB RESULT_FILE TIMEOUT
+#
+# Runs `shardbound verify ONNX VNNLIB --timeout TIMEOUT --result RESULT_FILE --quiet` (or
+# `python3 -m shardbound.compiler.cli verify ...` when the `shardbound` script is not on PATH).
+# Prints the verifier's verdict line. A result file is always written: `timeout` when the
+# verifier had to be killed past TIMEOUT + grace, `error` when it failed without one.
+# Exit 0 whenever a result file was written; 1 on bad arguments or an unwritable result file.
+set -u
+
+if [ "$#" -ne 6 ]; then
+    echo "usage: $0 v1 CATEGORY ONNX VNNLIB RESULT_FILE TIMEOUT (got $# arguments)" >&2
+    exit 1
+fi
+VERSION=$1
+CATEGORY=$2
+ONNX=$3
+VNNLIB=$4
+RESULT=$5
+TIMEOUT=$6
+
+if [ "$VERSION" != "v1" ]; then
+    echo "$0: expected version string 'v1', got '$VERSION'" >&2
+    exit 1
+fi
+if ! [[ "$TIMEOUT" =~ ^[0-9]+([.][0-9]*)?$ ]]; then
+    echo "$0: TIMEOUT must be a number of seconds, got '$TIMEOUT'" >&2
+    exit 1
+fi
+
+write_result() {   # write_result VERDICT
+    mkdir -p -- "$(dirname -- "$RESULT")" 2>/dev/null
+    if ! printf '%s\n' "$1" > "$RESULT"; then
+        echo "$0: cannot write the result file '$RESULT'" >&2
+        exit 1
+    fi
+}
+
+# Start from no result so a stale file from an earlier run can never be taken for this one.
+rm -f -- "$RESULT"
+mkdir -p -- "$(dirname -- "$RESULT")" 2>/dev/null
+
+if command -v shardbound >/dev/null 2>&1; then
+    VERIFY=(shardbound verify)
+else
+    VERIFY=(python3 -m shardbound.compiler.cli verify)
+fi
+ARGS=("$ONNX" "$VNNLIB" --timeout "$TIMEOUT" --result "$RESULT" --quiet)
+if [ -n "${SHARDBOUND_THREADS:-}" ]; then
+    ARGS+=(--threads "$SHARDBOUND_THREADS")
+fi
+
+# The verifier keeps its own deadline (compilation included); the hard limit only catches a
+# stage that overruns it. It runs in its own process group, recorded for prepare_instance.sh.
+GRACE=${SHARDBOUND_VNNCOMP_GRACE:-10}
+HARD_LIMIT=$(awk -v t="$TIMEOUT" -v g="$GRACE" 'BEGIN { printf "%.3f", t + g }')
+STATE_DIR=${SHARDBOUND_VNNCOMP_STATE:-${TMPDIR:-/tmp}/shardbound-vnncomp-$(id -u)}
+mkdir -p -- "$STATE_DIR" 2>/dev/null
+
+setsid timeout --kill-after=5 "$HARD_LIMIT" "${VERIFY[@]}" "${ARGS[@]}" &
+child=$!
+echo "$child" > "$STATE_DIR/run.pid" 2>/dev/null
+trap 'kill -TERM -- "-$child" 2>/dev/null; write_result error; exit 1' INT TERM
+wait "$child"
+rc=$?
+trap - INT TERM
+rm -f -- "$STATE_DIR/run.pid"
+
+first_line=""
+if [ -s "$RESULT" ]; then
+    IFS= read -r first_line < "$RESULT" || true
+fi
+case "$first_line" in
+    sat|unsat|unknown|timeout|error)
+        if [ "$rc" -ne 0 ]; then
+            echo "$0: verifier exited with code $rc after writing '$first_line'" >&2
+        fi
+        ;;
+    *)
+        if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+            echo "$0: verifier killed after ${HARD_LIMIT} s; result: timeout" >&2
+            echo "timeout"
+            write_result timeout
+        else
+            echo "$0: verifier exited with code $rc without a result; result: error" >&2
+            echo "error"
+            write_result error
+        fi
+        ;;
+esac
+exit 0
