@@ -19,6 +19,7 @@ from shardbound.runtime.report import bounds_sha256
 def main(job_path, out_path):
     with open(job_path) as f:
         job = json.load(f)
+    previous = torch.get_num_threads()
     torch.set_num_threads(job.get("threads", 1))
     comm = dist.from_environment(timeout_s=job.get("timeout", 60))
     results = []
@@ -31,6 +32,7 @@ def main(job_path, out_path):
                             "sha": bounds_sha256(lb, ub), "memory": memory})
     comm.barrier()
     comm.close()
+    torch.set_num_threads(previous)   # the in-process (P = 1) run shares pytest's process
     if comm.rank == 0:
         with open(out_path, "w") as f:
             json.dump({"world": comm.world, "results": results}, f)
