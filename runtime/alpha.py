@@ -22,32 +22,41 @@ def alpha_crown(network, lower: torch.Tensor, upper: torch.Tensor, C=None,
     `cache` may hold (ibp, known) from an earlier intermediate pass on the same boxes."""
     with torch.no_grad():
         ibp, known = cache if cache is not None else network.intermediate_bounds(lower, upper)
-        lb0, ub = network.final_crown(ibp, known, lower, upper, C)
+        lb_all, ub = network.final_crown(ibp, known, lower, upper, C)
     if iterations <= 0:
-        return lb0, ub
+        return lb_all, ub
+    # Under row sharding each rank optimises the alphas of its own spec rows only: a row's
+    # bound depends on its own alphas alone, and Adam is elementwise, so this is exactly the
+    # single-process optimisation, with 1/P of the alpha memory.
+    S_all = lb_all.shape[1]
+    a, b = network.rows.my_range(S_all)
+    lb0 = lb_all[:, a:b]
     B, S = lb0.shape
     alphas = {}
     for relu in network.relu_nodes():
         lo, hi = known[relu.inputs[0]]
         init = (hi > -lo).to(lo.dtype).unsqueeze(1).expand(B, S, *relu.shape)
         alphas[relu.name] = init.clone().requires_grad_(True)
-    if not alphas:
-        return lb0, ub
+    unstable = any(bool(((known[r.inputs[0]][0] < 0) & (known[r.inputs[0]][1] > 0)).any())
+                   for r in network.relu_nodes())
+    if not alphas or not unstable:   # the same decision on every rank: bounds are identical
+        return lb_all, ub
     opt = torch.optim.Adam(list(alphas.values()), lr=lr, foreach=False)
     best = lb0.clone()
     for _ in range(iterations):
         opt.zero_grad(set_to_none=True)
         with torch.enable_grad():    # callers may run under no_grad
-            lb, _ = network.final_crown(ibp, known, lower, upper, C, alphas, lower_only=True)
-            if not lb.requires_grad:  # no unstable ReLU on the way: nothing to optimise
-                break
-            (-lb.sum()).backward()
+            lb, _ = network.final_crown(ibp, known, lower, upper, C, alphas, lower_only=True,
+                                        gather=False)
+            if lb.requires_grad and lb.numel():   # a rank may own no spec rows
+                (-lb.sum()).backward()
         best = torch.maximum(best, lb.detach())
         opt.step()
         with torch.no_grad():
             for a in alphas.values():
                 a.clamp_(0, 1)
     with torch.no_grad():
-        lb, _ = network.final_crown(ibp, known, lower, upper, C, alphas, lower_only=True)
+        lb, _ = network.final_crown(ibp, known, lower, upper, C, alphas, lower_only=True,
+                                    gather=False)
         best = torch.maximum(best, lb)
-    return best, ub
+    return network.rows.gather(best, S_all), ub

@@ -70,6 +70,8 @@ def matmul(x: torch.Tensor, w_t: torch.Tensor, order: str) -> torch.Tensor:
     if order == "fast":
         return torch.matmul(x, w_t.t())
     _check(order)
+    if x.numel() == 0:      # a rank that owns no rows of this pass
+        return torch.zeros((*x.shape[:-1], w_t.shape[0]), dtype=x.dtype) + x.sum() * 0
     if x.requires_grad:
         return _OrderedMatmul.apply(x, w_t, order)
     return _kernels().matmul(x.contiguous(), w_t.contiguous(), order)
@@ -80,6 +82,8 @@ def dot_last(a: torch.Tensor, b: torch.Tensor, order: str) -> torch.Tensor:
     if order == "fast":
         return (a * b).sum(dim=-1)
     _check(order)
+    if a.numel() == 0 or b.numel() == 0:
+        return (a * b).sum(dim=-1)          # empty: nothing to order
     if a.requires_grad:
         return _OrderedDot.apply(a, b, order)
     return _kernels().dot_last(a.contiguous(), b.contiguous(), order)

@@ -19,6 +19,7 @@ from shardbound.runtime.dist import SingleComm
 from shardbound.runtime.errors import ShardboundError
 from shardbound.runtime.ledger import MemoryLedger
 from shardbound.runtime.params import open_params
+from shardbound.runtime.rows import RowSplit
 
 PLAN_FORMAT = "shardbound-plan/1"
 
@@ -126,4 +127,5 @@ def load(directory: str, summation: str | None = None, comm=None) -> Verifier:
                               "the model") from None
     network.ledger = ledger
     network.comm = comm
+    network.rows = RowSplit(comm, enabled=plan["mode"] == "fsdp" and network.order != "fast")
     return Verifier(network, plan, directory)

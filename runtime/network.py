@@ -19,6 +19,7 @@ from shardbound.runtime import contract
 from shardbound.runtime.errors import ShardboundError
 from shardbound.runtime.ledger import MemoryLedger, tensor_bytes
 from shardbound.runtime.ops import Bounds, Op
+from shardbound.runtime.rows import RowSplit, identity_rows
 
 METHODS = ("ibp", "crown", "alpha-crown")
 
@@ -35,6 +36,7 @@ class Network:
         self.intermediate = dict(intermediate)
         self.order = order
         self.ledger = MemoryLedger()
+        self.rows = RowSplit()          # the loader enables row sharding in fsdp runs
         self.consumers: dict[str, list[str]] = {n.name: [] for n in self.nodes}
         for n in self.nodes:
             for i in n.inputs:
@@ -90,13 +92,26 @@ class Network:
         return ibp, known
 
     def final_crown(self, ibp, known, lower, upper, C=None, alphas=None, input_A=None,
-                    lower_only: bool = False) -> Bounds:
+                    lower_only: bool = False, gather: bool = True) -> Bounds:
         """The last backward pass, from the output through C (with alpha slopes if given).
         Pass a dict as `input_A` to receive the lower-side A-matrix at the input ("lA");
-        with `lower_only` the upper bound is not computed (returned as None)."""
-        A = self._spec_matrix(C, lower.shape[0])
-        lo, hi = self.backward(self.output, A, lower, upper, known, alphas, input_A, lower_only)
-        ilo, ihi = self._ibp_spec(ibp[self.output.name], C, lower.shape[0])
+        with `lower_only` the upper bound is not computed (returned as None). Under row
+        sharding each rank propagates its slice of the spec rows; `gather=False` returns that
+        slice (alpha-CROWN optimises it locally) instead of all rows."""
+        B = lower.shape[0]
+        spec = self._spec_matrix(C, B)
+        S = spec.shape[1]
+        a, b = self.rows.my_range(S)
+        lo, hi = self.backward(self.output, spec[:, a:b], lower, upper, known, alphas, input_A,
+                               lower_only)
+        ilo, ihi = self._ibp_spec(ibp[self.output.name], C, B)
+        if not gather:
+            return (torch.maximum(lo, ilo[:, a:b]),
+                    None if hi is None else torch.minimum(hi, ihi[:, a:b]))
+        if input_A is not None:
+            input_A["lA"] = self.rows.gather(input_A["lA"], S)
+        lo = self.rows.gather(lo, S)
+        hi = None if hi is None else self.rows.gather(hi, S)
         return torch.maximum(lo, ilo), (None if hi is None else torch.minimum(hi, ihi))
 
     def relu_nodes(self) -> list[Op]:
@@ -113,10 +128,12 @@ class Network:
         """CROWN bounds of every neuron of `node` (an identity A-matrix), reshaped to it."""
         B = lower.shape[0]
         size = _numel(node.shape)
-        eye = torch.eye(size, dtype=lower.dtype).reshape(size, *node.shape)
+        a, b = self.rows.my_range(size)
+        eye = identity_rows(a, b, size, lower.dtype).reshape(b - a, *node.shape)
         A = eye.unsqueeze(0).expand(B, *eye.shape)
         lo, hi = self.backward(node, A, lower, upper, known)
-        return lo.reshape(B, *node.shape), hi.reshape(B, *node.shape)
+        both = self.rows.gather(torch.stack([lo, hi], dim=-1), size)
+        return both[..., 0].reshape(B, *node.shape), both[..., 1].reshape(B, *node.shape)
 
     def backward(self, target: Op, A: torch.Tensor, lower, upper, known, alphas=None,
                  input_A=None, lower_only: bool = False) -> Bounds:
@@ -158,7 +175,7 @@ class Network:
     def _concretize(self, A, lower, upper, lower_side: bool) -> torch.Tensor:
         """min (or max) of A x over the box: A.center -/+ |A|.radius, per row."""
         B, S = A.shape[:2]
-        flat = A.reshape(B, S, -1)
+        flat = A.reshape(B, S, _numel(A.shape[2:]))
         center = ((upper + lower) / 2).reshape(B, 1, -1)
         radius = ((upper - lower) / 2).reshape(B, 1, -1)
         mid = contract.dot_last(flat, center, self.order)

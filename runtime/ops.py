@@ -282,7 +282,7 @@ class Affine(Op):
         bias = None
         if t is not None:
             full = t.expand(self.shape).reshape(-1)
-            bias = contract.dot_last(A.reshape(B, S, -1), full, self.order)
+            bias = contract.dot_last(A.reshape(B, S, full.numel()), full, self.order)
         return [A_in], bias
 
 
@@ -398,7 +398,7 @@ class Relu(Op):
             pos = A.clamp(min=0)
             A_in = A * neg_slope + pos * (pos_slope - neg_slope)
             coef = pos if pos_bias else A - pos
-            bias = contract.dot_last(coef.reshape(B, S, -1), icpt_flat, self.order)
+            bias = contract.dot_last(coef.reshape(B, S, icpt_flat.shape[-1]), icpt_flat, self.order)
             return A_in, bias
 
         # Lower bound: positive coefficients take the lower line, negative the upper line.

@@ -1,0 +1,56 @@
+"""Work sharding over the rows of CROWN backward passes (fsdp mode).
+
+The rows of a backward pass are independent: the neurons whose intermediate bounds are being
+computed, and the spec rows of the final pass. In fsdp mode with a row-invariant summation order
+(`blocked` or `exact`: a row's bits do not depend on which other rows share its GEMM), each
+rank propagates only its contiguous slice of rows -- it holds 1/P of every A-matrix and of every
+alpha tensor and does 1/P of the work -- and the results are all-gathered. The bits are those of
+single mode. With `fast` the split would change bits, so it stays off there.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from shardbound.runtime.dist import SingleComm
+
+
+class RowSplit:
+    def __init__(self, comm=None, enabled: bool = False):
+        self.comm = comm or SingleComm()
+        self.enabled = bool(enabled) and self.comm.world > 1
+
+    def my_range(self, rows: int) -> tuple[int, int]:
+        """This rank's [start, stop) of `rows`: ceil(rows / P) per rank, the last share may be
+        short. A rank left with none recomputes the last row as a stand-in (its result lands
+        past the end and is dropped by `gather`): every rank then runs the same kernels and
+        collectives, and no kernel sees an empty operand."""
+        if not self.enabled:
+            return 0, rows
+        size = -(-rows // self.comm.world)
+        start = min(self.comm.rank * size, rows)
+        stop = min(start + size, rows)
+        if start == stop and rows > 0:
+            return rows - 1, rows
+        return start, stop
+
+    def gather(self, t: torch.Tensor, rows: int) -> torch.Tensor:
+        """(B, local rows, *rest) on every rank -> (B, rows, *rest), in rank order."""
+        if not self.enabled:
+            return t
+        P = self.comm.world
+        size = -(-rows // P)
+        B, local, rest = t.shape[0], t.shape[1], tuple(t.shape[2:])
+        padded = torch.zeros((B, size, *rest), dtype=t.dtype)
+        padded[:, :local] = t
+        flat = self.comm.all_gather_flat(padded.reshape(-1))
+        every = flat.reshape(P, B, size, *rest).transpose(0, 1).reshape(B, P * size, *rest)
+        return every[:, :rows].contiguous()
+
+
+def identity_rows(start: int, stop: int, size: int, dtype=torch.float32) -> torch.Tensor:
+    """Rows start..stop of the (size x size) identity, without building the whole identity."""
+    eye = torch.zeros(stop - start, size, dtype=dtype)
+    idx = torch.arange(stop - start)
+    eye[idx, idx + start] = 1
+    return eye
