@@ -43,7 +43,7 @@ def _options(args):
     from shardbound.passes.manager import PassOptions
 
     return PassOptions(mode=args.mode, method=args.method, intermediate=args.intermediate,
-                       summation=args.summation)
+                       summation=args.summation, nproc=getattr(args, "nproc", 1))
 
 
 def _compile(args) -> int:
@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", metavar="MODEL.onnx")
     _add_plan_arguments(p)
     p.add_argument("--raw", action="store_true", help="the IR as imported, before any pass")
+    p.add_argument("--nproc", type=int, default=1, metavar="P",
+                   help="also predict per-rank memory for P ranks (fsdp)")
     p.set_defaults(fn=_inspect)
     return parser
 

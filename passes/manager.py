@@ -23,6 +23,7 @@ class PassOptions:
     method: str = "crown"              # the program's default final bound method
     intermediate: str = "crown"        # how nodes feeding a ReLU are bounded under CROWN
     summation: str = "blocked"
+    nproc: int = 1                     # the world size `inspect` predicts memory for
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from shardbound.passes.bound_plan import bound_plan
 from shardbound.passes.canonicalize import canonicalize
 from shardbound.passes.fsdp_schedule import fsdp_schedule
+from shardbound.passes.memory_plan import memory_plan
 from shardbound.passes.summation_order import summation_order
 from shardbound.passes.manager import Pass, PassManager
 
@@ -12,8 +13,8 @@ _COMMON = [Pass("canonicalize", canonicalize), Pass("bound_plan", bound_plan),
            Pass("summation_order", summation_order)]
 
 PIPELINES = {
-    "single": _COMMON,
-    "fsdp": _COMMON + [Pass("fsdp_schedule", fsdp_schedule)],
+    "single": _COMMON + [Pass("memory_plan", memory_plan)],
+    "fsdp": _COMMON + [Pass("fsdp_schedule", fsdp_schedule), Pass("memory_plan", memory_plan)],
 }
 
 

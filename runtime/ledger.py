@@ -29,6 +29,12 @@ class MemoryLedger:
         self.peak[category] = max(self.peak[category], int(nbytes))
         self.peak_total = max(self.peak_total, sum(self.current.values()))
 
+    def reset_peaks(self) -> None:
+        """Start a new measurement: peaks restart from what is held now (the resident
+        parameters), so consecutive runs on one loaded program are measured separately."""
+        self.peak = dict(self.current)
+        self.peak_total = sum(self.current.values())
+
     def report(self) -> dict:
         return {"resident_param_bytes": self.peak["resident_param"],
                 "peak_tracked_bytes": self.peak_total,

@@ -104,6 +104,7 @@ def _run_rank(directory: str, args) -> int:
         lb, ub = verifier.bounds(lower, upper, method=method)
         elapsed = time.perf_counter() - start
         memory = max_over_ranks(comm.all_gather_objects(verifier.network.ledger.report()))
+        memory["predicted_peak_tracked_bytes"] = predicted_peak(verifier, comm, method, lb)
         comm.barrier()
     finally:
         comm.close()
@@ -128,6 +129,20 @@ def _run_rank(directory: str, args) -> int:
         except OSError as e:
             raise ShardboundError(f"{args.json}: cannot write the result ({e.strerror})") from None
     return 0
+
+
+def predicted_peak(verifier, comm, method: str, lb) -> int | None:
+    """The memory model's prediction for this very run (None for alpha-CROWN: not modelled)."""
+    from shardbound.runtime.memory_model import network_shapes, predict_peak
+
+    if method not in ("ibp", "crown"):
+        return None
+    net = verifier.network
+    fsdp = verifier.plan["mode"] == "fsdp"
+    pred = predict_peak(network_shapes(net), net.output.name, comm.world,
+                        batch=lb.shape[0] if lb.dim() > 1 else 1, spec_rows=lb.shape[-1],
+                        shard_rows=net.rows.enabled if fsdp else None, method=method)
+    return pred["peak_tracked_bytes"]
 
 
 def guarded(fn, *a) -> int:

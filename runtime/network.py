@@ -144,6 +144,7 @@ class Network:
         uAs: dict[str, torch.Tensor | None] = {target.name: None if lower_only else A}
         l_bias = torch.zeros(B, S, dtype=A.dtype)
         u_bias = torch.zeros(B, S, dtype=A.dtype)
+        self.ledger.set("a_matrix", tensor_bytes([A]))
         stop = self.nodes.index(target)
         for n in reversed(self.nodes[:stop + 1]):
             if n.name not in lAs or n is self.input:
@@ -168,9 +169,9 @@ class Network:
         if input_A is not None:
             input_A["lA"] = lA
         lo = self._concretize(lA, lower, upper, lower_side=True) + l_bias
-        if uA is None:
-            return lo, None
-        return lo, self._concretize(uA, lower, upper, lower_side=False) + u_bias
+        hi = None if uA is None else self._concretize(uA, lower, upper, lower_side=False) + u_bias
+        self.ledger.set("a_matrix", 0)      # this pass's A-matrices are dropped now
+        return lo, hi
 
     def _concretize(self, A, lower, upper, lower_side: bool) -> torch.Tensor:
         """min (or max) of A x over the box: A.center -/+ |A|.radius, per row."""
@@ -198,6 +199,13 @@ class Network:
     def bounds(self, lower: torch.Tensor, upper: torch.Tensor, C=None, method: str = "crown"
                ) -> Bounds:
         """Bounds (B, S) of C @ f(x) over the boxes; lower/upper are (B, *input_shape)."""
+        try:
+            return self._bounds(lower, upper, C, method)
+        finally:
+            self.ledger.set("bounds", 0)        # intermediate bounds are dropped on return
+            self.ledger.set("a_matrix", 0)
+
+    def _bounds(self, lower, upper, C, method) -> Bounds:
         if method == "ibp":
             return self._ibp_spec(self.ibp_all(lower, upper)[self.output.name], C, lower.shape[0])
         if method == "crown":

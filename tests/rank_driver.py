@@ -13,6 +13,7 @@ import torch
 from shardbound.runtime import dist
 from shardbound.runtime.ledger import max_over_ranks
 from shardbound.runtime.loader import load
+from shardbound.runtime.main import predicted_peak
 from shardbound.runtime.report import bounds_sha256
 
 
@@ -26,8 +27,10 @@ def main(job_path, out_path):
     for entry in job["entries"]:
         verifier = load(entry["dir"], comm=comm)
         for method in job["methods"]:
+            verifier.network.ledger.reset_peaks()
             lb, ub = verifier.bounds(entry["lower"], entry["upper"], method=method)
             memory = max_over_ranks(comm.all_gather_objects(verifier.network.ledger.report()))
+            memory["predicted"] = predicted_peak(verifier, comm, method, lb)
             results.append({"dir": entry["dir"], "method": method,
                             "sha": bounds_sha256(lb, ub), "memory": memory})
     comm.barrier()

@@ -160,3 +160,21 @@ def test_a_dead_or_hung_rank_stops_the_others_with_a_clear_message(fsdp_program,
     assert "Traceback" not in res.stderr
     assert "rank 1" in res.stderr, res.stderr
     assert elapsed < 60, elapsed
+
+
+def test_memory_plan_predicts_the_measured_peak_and_rows_shard(programs):
+    """Work sharding: per-rank A-matrices fall with P; the memory model is within 10%."""
+    tmp, pairs = programs
+    entries = [f for name, _, f in pairs if name in ("mlp", "cnn_batchnorm", "residual", "mnist")]
+    peaks = {}
+    for P in (1, 2, 4):
+        got = run_job(tmp, entries, ["crown", "ibp"], P, tag="plan")
+        for e in entries:
+            for m in ("crown", "ibp"):
+                mem = got[(e["dir"], m)]["memory"]
+                assert abs(mem["predicted"] - mem["peak_tracked_bytes"]) <= 0.10 * mem["peak_tracked_bytes"], (e["dir"], m, P, mem)
+            peaks[(e["dir"], P)] = got[(e["dir"], "crown")]["memory"]
+    for e in entries:
+        a1 = peaks[(e["dir"], 1)]["peak_a_matrix_bytes"]
+        a4 = peaks[(e["dir"], 4)]["peak_a_matrix_bytes"]
+        assert a4 <= a1 / 4 * 1.5, (e["dir"], a1, a4)

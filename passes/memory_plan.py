@@ -1,0 +1,39 @@
+"""memory_plan: the predicted per-rank memory of a CROWN run, for the world sizes of interest.
+
+It replays the bound computation on shapes (shardbound.runtime.memory_model, the same model
+`run --json` reports next to the measured ledger) for P = 1, 2, 4 and the `--nproc` asked for,
+with one box and the identity spec. The result is attached to the input node, so `inspect`
+prints it and plan.json carries it.
+"""
+
+from __future__ import annotations
+
+import math
+
+from shardbound.compiler.ir import Graph
+from shardbound.runtime.memory_model import NodeShape, predict_peak
+
+
+def _shapes(graph: Graph) -> list[NodeShape]:
+    plan = graph.annotations.get("bounds", {})
+    return [NodeShape(n.name, n.op, n.inputs, n.shape,
+                      tuple(int(graph.tensors[k].size) for _, k in n.params),
+                      plan.get(n.name) == "crown") for n in graph.nodes]
+
+
+def _mib(b: int) -> str:
+    return f"{b / 2 ** 20:.2f}MiB"
+
+
+def memory_plan(graph: Graph, options) -> Graph:
+    shapes = _shapes(graph)
+    fsdp = options.mode == "fsdp"
+    shard_rows = (options.summation != "fast") if fsdp else None
+    worlds = sorted({1, 2, 4, max(1, int(options.nproc))}) if fsdp else [1]
+    parts = []
+    for P in worlds:
+        pred = predict_peak(shapes, graph.output, P, shard_rows=shard_rows)
+        parts.append(f"P={P}: resident {_mib(pred['resident_param_bytes'])} "
+                     f"peak {_mib(pred['peak_tracked_bytes'])}")
+    note = "predicted per-rank crown peak (1 box): " + ", ".join(parts)
+    return graph.annotate("memory", {graph.input.name: note})

@@ -1,0 +1,111 @@
+"""Predict the memory ledger's per-rank peak for a CROWN run, from shapes alone.
+
+The prediction replays what `Network.crown` does -- the IBP pass, one backward pass per node
+with planned CROWN bounds, the final pass -- with byte counts instead of tensors, following the
+ledger's own accounting (MemoryLedger): resident parameter shards, the one gathered parameter
+set of the node being visited, the live A-matrices after each backward step (a tensor shared by
+the lower and upper side, or a view, counts once) and the IBP and intermediate bounds kept so
+far. The compiler's memory_plan pass and `run --json` use this same function, so the predicted
+and measured numbers are defined the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+F32 = 4
+VIEW_OPS = ("reshape", "input")        # their outputs (and backward A's) share storage
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    name: str
+    op: str
+    inputs: tuple[str, ...]
+    shape: tuple[int, ...]
+    param_numels: tuple[int, ...]
+    crown_bounds: bool                 # the bound plan asks CROWN for this node's bounds
+
+
+def _numel(shape) -> int:
+    return math.prod(int(d) for d in shape)
+
+
+def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1,
+                 spec_rows: int | None = None, shard_rows: bool | None = None,
+                 method: str = "crown") -> dict:
+    """Predicted per-rank bytes: resident parameters, and the tracked peak of a run of
+    `method` ("ibp" or "crown"). `shard_rows` None means single mode (whole parameters);
+    False or True means fsdp without or with work sharding of the CROWN rows."""
+    fsdp = shard_rows is not None
+    shard_rows = bool(shard_rows) and world > 1
+    if fsdp:
+        resident = sum(-(-n // world) * F32 for node in nodes for n in node.param_numels)
+    else:
+        resident = sum(n * F32 for node in nodes for n in node.param_numels)
+    gathered = {node.name: (sum(node.param_numels) * F32 if fsdp and world > 1 else 0)
+                for node in nodes}
+    index = {node.name: i for i, node in enumerate(nodes)}
+    by_name = {node.name: node for node in nodes}
+
+    def rows(total):
+        return -(-total // world) if shard_rows else total
+
+    # IBP: every node's (lower, upper), views sharing their input's storage.
+    ibp_bytes = 0
+    peak = resident
+    for node in nodes:
+        if node.op not in VIEW_OPS:
+            ibp_bytes += 2 * batch * _numel(node.shape) * F32
+        elif node.op == "input":
+            ibp_bytes += 2 * batch * _numel(node.shape) * F32
+        peak = max(peak, resident + gathered[node.name] + ibp_bytes)
+    bounds = ibp_bytes
+    if method == "ibp":
+        return {"resident_param_bytes": resident, "peak_tracked_bytes": peak}
+
+    def backward(target: NodeShape, S: int, eye: bool):
+        """Peak of one backward pass from `target` with S rows."""
+        nonlocal peak
+        # live: name -> (lower bytes, upper bytes, shared storage?)
+        first = (S * _numel(target.shape) if eye else batch * S * _numel(target.shape)) * F32
+        live = {target.name: (first, first, True)}
+        a_prev = first
+        for node in reversed(nodes[:index[target.name] + 1]):
+            if node.name not in live or node.op == "input":
+                continue
+            l_bytes, u_bytes, shared = live.pop(node.name)
+            peak = max(peak, resident + bounds + a_prev + gathered[node.name])
+            for name in node.inputs:
+                size = batch * S * _numel(by_name[name].shape) * F32
+                if node.op == "reshape":
+                    produced = (l_bytes, u_bytes, shared)
+                else:
+                    produced = (size, size, shared and node.op != "relu")
+                if name in live:     # summed into a new tensor
+                    old = live[name]
+                    produced = (size, size, old[2] and produced[2])
+                live[name] = produced
+            a_now = sum(l + (0 if sh else u) for l, u, sh in live.values())
+            peak = max(peak, resident + bounds + a_now)
+            a_prev = a_now
+
+    for node in nodes:
+        if node.crown_bounds and node.op != "input":
+            backward(node, rows(_numel(node.shape)), eye=True)
+            bounds += 2 * batch * _numel(node.shape) * F32
+    out = by_name[output]
+    backward(out, rows(spec_rows or _numel(out.shape)), eye=False)
+    return {"resident_param_bytes": resident, "peak_tracked_bytes": peak}
+
+
+def network_shapes(network) -> list[NodeShape]:
+    """The description of a runtime Network (what `run --json` predicts from)."""
+    out = []
+    for n in network.nodes:
+        numels = tuple(int(p.numel() if callable(p.numel) else p.numel)   # Tensor or shard
+                       for p in n.params.values())
+        out.append(NodeShape(n.name, n.kind, n.inputs, n.shape, numels,
+                             network.intermediate.get(n.name) == "crown"))
+    return out
