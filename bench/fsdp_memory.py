@@ -1,13 +1,18 @@
-"""FSDP memory benchmark: resident weights, tracked peak and peak RSS, single mode vs fsdp.
+"""FSDP memory benchmark: per-rank memory and time of single mode vs fsdp, CROWN and alpha-CROWN.
 
 Usage:
-    python bench/fsdp_memory.py [--widths 784-4096-4096-4096-10] [--nprocs 1,2,4]
-                                [--method crown|ibp] [--models mlp,cnn] [--seed 0] [--eps 0.01]
+    python bench/fsdp_memory.py [--widths 784-4096-4096-4096-10]
+                                [--alpha-widths 784-2048-2048-2048-10]
+                                [--nprocs 1,2,4] [--methods crown,alpha-crown]
+                                [--cnn-methods crown] [--models mlp,cnn] [--seed 0] [--eps 0.01]
 
 Two networks are built in code with onnx.helper (weights fixed by --seed):
 
 - mlp: a wide MLP, Gemm (transB=1) + Relu per hidden layer, widths from --widths
-  (default 784-4096-4096-4096-10, about 147 MB of float32 weights);
+  (default 784-4096-4096-4096-10, about 147 MB of float32 weights); the alpha-CROWN table uses
+  --alpha-widths, by default the narrower 784-2048-2048-2048-10 (about 40 MB): alpha-CROWN
+  (20 iterations) on the 4096 MLP took 37 s in single mode but 121 s at fsdp P=4 on the shared
+  2-core development machine, too slow for a benchmark row;
 - cnn: input 3x32x32, Conv 3->32 3x3 stride 2 pad 1, Relu, Conv 32->64 3x3 stride 2 pad 1,
   Relu, Flatten, Gemm 4096->512, Relu, Gemm 512->10 (about 8 MiB of weights, almost all in
   the first Gemm). The first conv has stride 2 on purpose: with stride 1 (32x32x32 = 32768
@@ -15,15 +20,27 @@ Two networks are built in code with onnx.helper (weights fixed by --seed):
   16384 x 32768 floats (2 GiB, twice, plus temporaries); one rank reached 12 GB RSS and the
   P=2 run was killed by the OOM killer on a 23 GB machine after more than 5 minutes.
 
-Each is compiled in single and in fsdp mode into a temporary directory, a box of radius
---eps around a seeded random point in [0, 1] is written, and `shardbound run` is started
-through subprocess (`sys.executable -m shardbound.compiler.cli run ...`, --threads 1) once in
-single mode (one process) and once per P in --nprocs in fsdp mode. Per run the table shows
-the memory report of OUT.json (each figure the max over ranks): resident weight bytes, the
-peak of all tracked bytes (weights, gathered weights, CROWN A-matrices, bounds) and the peak
-RSS from the OS; the bound time (OUT.json `seconds`) and the wall time of the whole process
-(start-up, loading, rendezvous included); each as a ratio to single mode; and whether
-bounds_sha256 equals single mode's (fsdp is meant to reproduce single mode bit for bit).
+The MLP is benchmarked under each method of --methods, the CNN under each of --cnn-methods.
+Each network is compiled three times into a temporary directory: single mode, fsdp mode (the
+default `blocked` summation: weights sharded AND the rows of every CROWN backward pass -- the
+neurons being bounded and the spec rows -- split over the ranks, with the alpha-CROWN alphas of
+a row owned by its rank) and fsdp with `--summation fast` (weights sharded, no row sharding:
+with `fast` the split would change bits, so it is off). A box of radius --eps around a seeded
+random point in [0, 1] is written, and `shardbound run` is started through subprocess
+(`sys.executable -m shardbound.compiler.cli run ... --threads 1 --method M`) once in single
+mode, once per P in --nprocs in fsdp mode, and once with fsdp fast at P=2, so the effect of
+row sharding is visible next to plain weight sharding.
+
+Per run the table shows the memory report of OUT.json (each figure the max over ranks):
+resident weight bytes; the peak of all tracked bytes (weights, gathered weights, CROWN
+A-matrices, bounds) and its ratio to single mode; the memory model's prediction of that peak
+(`memory.predicted_peak_tracked_bytes`, runtime/memory_model.py; not modelled for
+alpha-CROWN) and predicted/measured; the peak of the A-matrices alone; peak RSS from the OS
+(VmHWM); the bound time (OUT.json `seconds`) and its ratio to single; and whether
+bounds_sha256 equals single mode's (fsdp with blocked summation reproduces single mode bit for
+bit; fsdp fast sums in another order, so different bits are expected there).
+After each table two lines compare with the targets: the peak per rank at P=2 and P=4 as a
+fraction of single mode, and whether every prediction is within 10% of the measured peak.
 
 Notes on reading the numbers:
 - P ranks each run with one thread; on a 2-core machine P=4 oversubscribes the cores, so its
@@ -31,18 +48,9 @@ Notes on reading the numbers:
 - Peak RSS includes the Python interpreter, torch and the safetensors file mapping of each
   rank (a few hundred MiB that do not shrink with P), so its cut is smaller than the cut in
   tracked bytes.
-- Peak RSS is `ru_maxrss` (runtime/ledger.py), and Linux copies the parent's RSS high-water
-  mark into a child at fork and keeps it across exec: a run started from a process that
-  once held 1.4 GB reports at least 1.4 GB. So this driver stays small: each model is built
-  and compiled in a child process (`--prepare`, internal), and the driver prints its own peak
-  RSS (the floor every run inherits) at the end. (In fsdp with P > 1 the ranks inherit from
-  the `shardbound run` launcher, which never loads the weights, so they are not affected.)
-- The last lines compare the measured cuts at P=2 with the published anchor for FSDP.
-
-CROWN on the default 4096-wide MLP, measured on the 2-core development machine (shared, one
-thread per rank): bound time 14 s single, 11 s fsdp P=1, 24 s P=2, 44 s P=4; the whole
-default run (both models) takes about 3 minutes. If that is too slow for a machine, pass a
-narrower --widths such as 784-2048-2048-2048-10.
+- Peak RSS is VmHWM of each rank (runtime/ledger.py), not inherited from the parent any more.
+  Each model is still built and compiled in a child process (`--prepare`, internal) so that
+  the driver stays small while the ranks run on a shared machine.
 """
 
 from __future__ import annotations
@@ -50,7 +58,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -58,7 +65,10 @@ import time
 
 OPSET = 13
 MIB = 1024.0 * 1024.0
-ANCHOR = "published FSDP (P=2): resident weight memory cut 80-90%, peak memory cut 34-39%"
+TARGET = {2: 0.55, 4: 0.30}
+PUBLISHED = "published FSDP: 0.61-0.66x"
+PREDICTION_TOLERANCE = 0.10
+COMPILES = ("single", "fsdp", "fsdp-fast")     # directory names under each model
 
 
 # ----------------------------------------------------------------------------- models
@@ -144,9 +154,9 @@ def build_cnn(rng):
 
 # ----------------------------------------------------------------------------- runs
 
-def prepare(name: str, mdir: str, args) -> None:
-    """In a child process (see the module docstring): build the ONNX model, compile it in
-    single and fsdp mode, write the box and meta.json (total weight bytes)."""
+def prepare(kind: str, widths: str, mdir: str, seed: int, eps: float) -> None:
+    """In a child process: build the ONNX model, compile it as single, fsdp and fsdp-fast,
+    write the box and meta.json (total weight bytes)."""
     import numpy as np
     import onnx
     from safetensors import safe_open
@@ -154,17 +164,22 @@ def prepare(name: str, mdir: str, args) -> None:
     from shardbound.compiler.driver import compile_model
     from shardbound.passes.manager import PassOptions
 
-    rng = np.random.default_rng(args.seed)
-    model, input_shape = build_mlp(rng, args.widths) if name == "mlp" else build_cnn(rng)
+    rng = np.random.default_rng(seed)
+    if kind == "mlp":
+        model, input_shape = build_mlp(rng, [int(w) for w in widths.split("-")])
+    else:
+        model, input_shape = build_cnn(rng)
     onnx_path = os.path.join(mdir, "model.onnx")
     onnx.save(model, onnx_path)
     del model
-    for mode in ("single", "fsdp"):
-        compile_model(onnx_path, os.path.join(mdir, mode),
-                      PassOptions(mode=mode, method=args.method))
-    center = np.random.default_rng(args.seed + 1).uniform(0.0, 1.0, size=int(np.prod(input_shape)))
+    options = {"single": PassOptions(mode="single", method="crown"),
+               "fsdp": PassOptions(mode="fsdp", method="crown"),
+               "fsdp-fast": PassOptions(mode="fsdp", method="crown", summation="fast")}
+    for name in COMPILES:
+        compile_model(onnx_path, os.path.join(mdir, name), options[name])
+    center = np.random.default_rng(seed + 1).uniform(0.0, 1.0, size=int(np.prod(input_shape)))
     with open(os.path.join(mdir, "box.json"), "w", encoding="utf-8") as f:
-        json.dump({"lower": (center - args.eps).tolist(), "upper": (center + args.eps).tolist()}, f)
+        json.dump({"lower": (center - eps).tolist(), "upper": (center + eps).tolist()}, f)
     total = 0
     with safe_open(os.path.join(mdir, "single", "weights.safetensors"), framework="pt") as f:
         for k in f.keys():
@@ -189,98 +204,152 @@ def run_once(program_dir, box, out_json, nproc, method, timeout) -> dict:
     return result
 
 
-def bench_model(name, args, argv, work) -> None:
-    mdir = os.path.join(work, name)
-    os.makedirs(mdir)
-    print(f"# {name}: building and compiling ...", file=sys.stderr, flush=True)
-    subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--prepare", name, mdir],
-                   check=True)
-    dirs = {mode: os.path.join(mdir, mode) for mode in ("single", "fsdp")}
-    box = os.path.join(mdir, "box.json")
-    with open(os.path.join(mdir, "meta.json"), encoding="utf-8") as f:
-        total = json.load(f)["weight_bytes"]
-
-    runs = [("single", 1)] + [("fsdp", p) for p in args.nprocs]
-    rows = []
-    for i, (mode, p) in enumerate(runs):
-        print(f"# {name}: {mode} P={p} ...", file=sys.stderr, flush=True)
-        out = os.path.join(mdir, f"out_{i}.json")
-        rows.append((mode, p, run_once(dirs[mode], box, out, p, args.method, args.timeout)))
-
-    base = rows[0][2]
-    print(f"\n### {name} ({args.method}): {model_desc(name, args)}; "
-          f"total weight bytes {total} ({total / MIB:.2f} MiB)\n")
-    print("| mode | P | resident weights MiB | x single | peak tracked MiB | x single "
-          "| peak RSS MiB | x single | bound s | x single | process s | x single "
-          "| bounds = single |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-
-    def pair(r, key, scale=1.0, fmt=".2f"):
-        v, b = r_get(r, key), r_get(base, key)
-        return f"{v / scale:{fmt}} | {v / b:.3f}" if b else f"{v / scale:{fmt}} | -"
-
-    for mode, p, r in rows:
-        same = "yes" if r["bounds_sha256"] == base["bounds_sha256"] else "**NO**"
-        print(f"| {mode} | {p} | {pair(r, 'resident_param_bytes', MIB)} "
-              f"| {pair(r, 'peak_tracked_bytes', MIB)} | {pair(r, 'peak_rss_bytes', MIB, '.1f')} "
-              f"| {pair(r, 'seconds', 1.0, '.3f')} | {pair(r, 'process_seconds', 1.0, '.2f')} "
-              f"| {same} |")
-
-    p2 = [r for mode, p, r in rows if mode == "fsdp" and p == 2]
-    if p2:
-        r = p2[0]
-
-        def cut(key):
-            return 100.0 * (1.0 - r_get(r, key) / r_get(base, key))
-
-        print(f"\n{ANCHOR}; measured ({name}, fsdp P=2 vs single): resident weights cut "
-              f"{cut('resident_param_bytes'):.1f}%, peak tracked cut "
-              f"{cut('peak_tracked_bytes'):.1f}%, peak RSS cut {cut('peak_rss_bytes'):.1f}%")
-    sys.stdout.flush()
+def model_key(kind: str, widths: str) -> str:
+    return f"mlp_{widths}" if kind == "mlp" else "cnn"
 
 
-def r_get(r: dict, key: str) -> float:
-    return float(r[key] if key in ("seconds", "process_seconds") else r["memory"][key])
-
-
-def model_desc(name, args) -> str:
-    if name == "mlp":
-        return "MLP " + "-".join(str(w) for w in args.widths)
+def model_desc(kind: str, widths: str) -> str:
+    if kind == "mlp":
+        return "MLP " + widths
     return "CNN 3x32x32, conv 3->32 s2 p1, conv 32->64 s2 p1, gemm 4096->512->10"
+
+
+def ensure_model(kind, widths, args, work, prepared) -> tuple[str, int]:
+    key = model_key(kind, widths)
+    mdir = os.path.join(work, key)
+    if key not in prepared:
+        os.makedirs(mdir)
+        print(f"# {model_desc(kind, widths)}: building and compiling ...", file=sys.stderr,
+              flush=True)
+        subprocess.run([sys.executable, os.path.abspath(__file__), "--prepare", kind, widths,
+                        mdir, "--seed", str(args.seed), "--eps", str(args.eps)], check=True)
+        with open(os.path.join(mdir, "meta.json"), encoding="utf-8") as f:
+            prepared[key] = json.load(f)["weight_bytes"]
+    return mdir, prepared[key]
+
+
+def mem(r: dict, key: str):
+    v = r["memory"].get(key)
+    return None if v is None else float(v)
+
+
+def bench_table(kind, widths, method, args, work, prepared) -> None:
+    mdir, total = ensure_model(kind, widths, args, work, prepared)
+    box = os.path.join(mdir, "box.json")
+    runs = ([("single", "single", 1)] + [("fsdp", "fsdp", p) for p in args.nprocs]
+            + [("fsdp-fast", "fsdp fast (no row sharding)", 2)])
+    rows = []
+    for i, (compiled, label, p) in enumerate(runs):
+        print(f"# {model_desc(kind, widths)}, {method}: {label} P={p} ...", file=sys.stderr,
+              flush=True)
+        out = os.path.join(mdir, f"out_{method}_{i}.json")
+        t0 = time.perf_counter()
+        r = run_once(os.path.join(mdir, compiled), box, out, p, method, args.timeout)
+        print(f"#   done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        rows.append((compiled, label, p, r))
+
+    base = rows[0][3]
+    b_peak, b_sec = mem(base, "peak_tracked_bytes"), float(base["seconds"])
+    print(f"\n### {model_desc(kind, widths)}, {method}; total weight bytes {total} "
+          f"({total / MIB:.2f} MiB)\n")
+    print("| mode | P | resident weights MiB | peak tracked MiB | x single | predicted MiB "
+          "| pred/meas | peak A-matrix MiB | peak RSS MiB | bound s | x single "
+          "| bounds = single |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    ratios, errors = {}, []
+    for compiled, label, p, r in rows:
+        peak, pred = mem(r, "peak_tracked_bytes"), mem(r, "predicted_peak_tracked_bytes")
+        if compiled == "fsdp":
+            ratios[p] = peak / b_peak
+        if pred is not None:
+            pred_s, ratio_s = f"{pred / MIB:.2f}", f"{pred / peak:.3f}"
+            errors.append((abs(pred / peak - 1.0), label, p))
+        else:
+            pred_s = ratio_s = "-"
+        if r["bounds_sha256"] == base["bounds_sha256"]:
+            same = "yes"
+        else:
+            same = "no (fast order, expected)" if compiled == "fsdp-fast" else "**NO**"
+        print(f"| {label} | {p} | {mem(r, 'resident_param_bytes') / MIB:.2f} "
+              f"| {peak / MIB:.2f} | {peak / b_peak:.3f} | {pred_s} | {ratio_s} "
+              f"| {mem(r, 'peak_a_matrix_bytes') / MIB:.2f} "
+              f"| {mem(r, 'peak_rss_bytes') / MIB:.1f} "
+              f"| {float(r['seconds']):.3f} | {float(r['seconds']) / b_sec:.3f} | {same} |")
+
+    measured = []
+    for p, limit in TARGET.items():
+        if p in ratios:
+            ok = "met" if ratios[p] <= limit else "MISSED"
+            measured.append(f"P={p} {ratios[p]:.3f}x ({ok})")
+        else:
+            measured.append(f"P={p} not run")
+    print(f"\ntarget: peak per rank <= {TARGET[2]:.2f}x single at P=2 and <= {TARGET[4]:.2f}x "
+          f"at P=4 ({PUBLISHED}); measured: {', '.join(measured)}")
+    if errors:
+        worst = max(errors)
+        ok = "yes" if worst[0] <= PREDICTION_TOLERANCE else "no"
+        print(f"prediction within {PREDICTION_TOLERANCE:.0%}: {ok} "
+              f"(worst {100 * worst[0]:.1f}%, {worst[1]} P={worst[2]})")
+    else:
+        print(f"prediction within {PREDICTION_TOLERANCE:.0%}: n/a "
+              f"({method} is not modelled by runtime/memory_model.py)")
+    sys.stdout.flush()
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--widths", default="784-4096-4096-4096-10",
                         help="MLP layer widths, input first (default 784-4096-4096-4096-10)")
+    parser.add_argument("--alpha-widths", default="784-2048-2048-2048-10",
+                        help="MLP widths of the alpha-CROWN table (default 784-2048-2048-2048-10;"
+                             " alpha-CROWN at fsdp P=4 on the 4096 MLP takes about 2 minutes)")
     parser.add_argument("--nprocs", default="1,2,4", help="fsdp world sizes (default 1,2,4)")
-    parser.add_argument("--method", choices=("crown", "ibp"), default="crown")
+    parser.add_argument("--methods", default="crown,alpha-crown",
+                        help="methods for the MLP: comma list of ibp, crown, alpha-crown "
+                             "(default crown,alpha-crown)")
+    parser.add_argument("--cnn-methods", default="crown",
+                        help="methods for the CNN (default crown)")
     parser.add_argument("--models", default="mlp,cnn", help="comma list of mlp, cnn")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eps", type=float, default=0.01, help="box radius (default 0.01)")
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="collective timeout of each run in seconds (default 900)")
-    parser.add_argument("--prepare", nargs=2, metavar=("MODEL", "DIR"), help=argparse.SUPPRESS)
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser.parse_args(argv)
-    args.widths = [int(w) for w in args.widths.split("-")]
+    parser.add_argument("--prepare", nargs=3, metavar=("KIND", "WIDTHS", "DIR"),
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    if args.prepare:
+        prepare(args.prepare[0], args.prepare[1], args.prepare[2], args.seed, args.eps)
+        return
+
+    def methods(text):
+        out = [m.strip() for m in text.split(",") if m.strip()]
+        for m in out:
+            if m not in ("ibp", "crown", "alpha-crown"):
+                parser.error(f"unknown method {m!r}")
+        return out
+
+    for w in filter(None, (args.widths, args.alpha_widths)):
+        if not all(part.isdigit() for part in w.split("-")) or len(w.split("-")) < 2:
+            parser.error(f"bad widths {w!r} (expected e.g. 784-4096-10)")
     args.nprocs = [int(p) for p in args.nprocs.split(",")]
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     for m in models:
         if m not in ("mlp", "cnn"):
             parser.error(f"unknown model {m!r}")
+    tables = []
+    for m in models:
+        for method in methods(args.methods if m == "mlp" else args.cnn_methods):
+            widths = args.alpha_widths if method == "alpha-crown" else args.widths
+            tables.append((m, widths if m == "mlp" else "", method))
 
-    if args.prepare:
-        prepare(args.prepare[0], args.prepare[1], args)
-        return
-    print(f"# shardbound fsdp memory benchmark: method {args.method}, threads 1, "
-          f"nprocs {args.nprocs}, seed {args.seed}, eps {args.eps}, {os.cpu_count()} CPUs")
+    print(f"# shardbound fsdp memory benchmark: threads 1, nprocs {args.nprocs} + fsdp fast P=2, "
+          f"seed {args.seed}, eps {args.eps}, {os.cpu_count()} CPUs")
+    start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fsdp_memory_") as work:
-        for name in models:
-            bench_model(name, args, argv, work)
-    floor = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    print(f"\n(peak RSS of this driver process, inherited by every run as a floor of its "
-          f"ru_maxrss: {floor:.1f} MiB)")
+        prepared = {}
+        for kind, widths, method in tables:
+            bench_table(kind, widths, method, args, work, prepared)
+    print(f"\n(total benchmark time {time.perf_counter() - start:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -19,8 +19,10 @@ def add_verify_arguments(p: argparse.ArgumentParser, modes) -> None:
     p.add_argument("property", metavar="PROP.vnnlib")
     p.add_argument("--mode", choices=modes, default="single", help="sharding mode (default single)")
     p.add_argument("--nproc", type=int, default=1, metavar="P", help="ranks to launch (default 1)")
-    p.add_argument("--summation", choices=("blocked", "exact", "fast"), default="blocked",
-                   help="summation order (default blocked; see `compile --help`)")
+    p.add_argument("--summation", choices=("blocked", "exact", "fast"), default="fast",
+                   help="summation order (default fast: branch and bound is dominated by small "
+                        "matrix products, where blocked costs 2-7x; pass blocked for verdicts "
+                        "that repeat bit for bit across thread counts and --nproc)")
     p.add_argument("--timeout", type=float, default=300.0, metavar="S",
                    help="give up after S seconds in all (default 300)")
     p.add_argument("--result", metavar="FILE", help="write the VNN-COMP result file")

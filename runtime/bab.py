@@ -50,7 +50,7 @@ def input_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violati
     n_conj = int(owner.max()) + 1
     los, his = lo.reshape(1, -1).clone(), hi.reshape(1, -1).clone()
     depth = torch.zeros(1, dtype=torch.float64)
-    verified, bounded = 0.0, 0
+    verified, bounded, unresolved = 0.0, 0, 0
     start = time.monotonic()
     while len(los):
         if agree(time.monotonic() > deadline):
@@ -87,13 +87,21 @@ def input_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violati
         dim = score.argmax(dim=1)
         rows = torch.arange(len(dim))
         mid = (olo[rows, dim] + ohi[rows, dim]) / 2
-        if bool(((mid <= olo[rows, dim]) | (mid >= ohi[rows, dim])).any()):
-            return BabResult("unknown", domains=bounded, verified_fraction=verified,
-                             reason="a domain reached float32 resolution")
+        stuck = (mid <= olo[rows, dim]) | (mid >= ohi[rows, dim])
+        if bool(stuck.any()):
+            # Too narrow to split in float32: it can be neither proved nor refuted here. Set it
+            # aside and go on, so that a counterexample elsewhere can still be found.
+            unresolved += int(stuck.sum())
+            keep = ~stuck
+            olo, ohi, odepth, dim, mid = olo[keep], ohi[keep], odepth[keep], dim[keep], mid[keep]
+            rows = torch.arange(len(dim))
         left_hi, right_lo = ohi.clone(), olo.clone()
         left_hi[rows, dim] = mid
         right_lo[rows, dim] = mid
         los = torch.cat([los, olo, right_lo])
         his = torch.cat([his, left_hi, ohi])
         depth = torch.cat([depth, odepth + 1, odepth + 1])
+    if unresolved:
+        return BabResult("unknown", domains=bounded, verified_fraction=verified,
+                         reason=f"{unresolved} domain(s) reached float32 resolution unresolved")
     return BabResult("unsat", domains=bounded, verified_fraction=1.0)
