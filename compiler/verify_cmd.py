@@ -27,6 +27,8 @@ def add_verify_arguments(p: argparse.ArgumentParser, modes) -> None:
                    help="give up after S seconds in all (default 300)")
     p.add_argument("--result", metavar="FILE", help="write the VNN-COMP result file")
     p.add_argument("--threads", type=int, default=1, metavar="T", help="torch threads per rank")
+    p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                   help="where to bound (default cpu; cuda uses nccl between ranks)")
     p.add_argument("-o", "--out", metavar="DIR", help="keep the compiled program in DIR")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="print only the verdict (no progress line)")
@@ -50,5 +52,6 @@ def run_verify(args) -> int:
         remaining = max(1.0, args.timeout - (time.monotonic() - start))
         ns = argparse.Namespace(verify=spec_path, box=None, result=args.result,
                                 verify_timeout=remaining, nproc=args.nproc, threads=args.threads,
-                                timeout=60.0, json=None, method=None, quiet=args.quiet)
+                                timeout=60.0, json=None, method=None, quiet=args.quiet,
+                                device=args.device)
         return run(out, ns)

@@ -62,11 +62,14 @@ def input_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violati
         blo, bhi, bdepth = los[-take:], his[-take:], depth[-take:]
         los, his, depth = los[:-take], his[:-take], depth[:-take]
         shape = (take, *network.input_shape)
+        dev = network.device
+        dlo, dhi = blo.reshape(shape).to(dev), bhi.reshape(shape).to(dev)
         with torch.no_grad():
-            ibp, known = network.intermediate_bounds(blo.reshape(shape), bhi.reshape(shape))
+            ibp, known = network.intermediate_bounds(dlo, dhi)
             grab = {}
-            lb, _ = network.final_crown(ibp, known, blo.reshape(shape), bhi.reshape(shape), C,
-                                        input_A=grab, lower_only=True)
+            lb, _ = network.final_crown(ibp, known, dlo, dhi, C.to(dev), input_A=grab,
+                                        lower_only=True)
+        lb, grab["lA"] = lb.cpu(), grab["lA"].cpu()
         bounded += take
         refuted = refuted_conjunctions(lb, d, owner, n_conj)
         done = refuted.all(dim=1)

@@ -71,7 +71,7 @@ def matmul(x: torch.Tensor, w_t: torch.Tensor, order: str) -> torch.Tensor:
         return torch.matmul(x, w_t.t())
     _check(order)
     if x.numel() == 0:      # a rank that owns no rows of this pass
-        return torch.zeros((*x.shape[:-1], w_t.shape[0]), dtype=x.dtype) + x.sum() * 0
+        return torch.zeros((*x.shape[:-1], w_t.shape[0]), dtype=x.dtype, device=x.device)
     if x.requires_grad:
         return _OrderedMatmul.apply(x, w_t, order)
     return _kernels().matmul(x.contiguous(), w_t.contiguous(), order)

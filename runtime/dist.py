@@ -24,12 +24,30 @@ class RankFailure(ShardboundError):
     """A peer rank died or hung during a collective."""
 
 
+def resolve_device(name: str = "cpu") -> torch.device:
+    """"cpu", "cuda" or "auto" (cuda when available). Under torchrun each rank takes the GPU
+    of its LOCAL_RANK."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise ShardboundError("--device cuda: no CUDA device is available here; use --device cpu")
+        index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    if name != "cpu":
+        raise ShardboundError(f"unknown device {name!r}; choose cpu, cuda or auto")
+    return torch.device("cpu")
+
+
 class SingleComm:
     """World size 1: collectives are identities."""
 
     rank = 0
     world = 1
-    device = torch.device("cpu")
+
+    def __init__(self, device="cpu"):
+        self.device = torch.device(device)
 
     def all_gather_flat(self, shard: torch.Tensor) -> torch.Tensor:
         return shard
@@ -50,12 +68,12 @@ class SingleComm:
 class Comm:
     """A torch.distributed process group: gloo on CPU, nccl when the tensors live on CUDA."""
 
-    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, device: str = "cpu"):
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, device="cpu"):
         import torch.distributed as dist
 
         self.dist = dist
         self.timeout_s = float(timeout_s)
-        self.device = torch.device(device)
+        self.device = device if isinstance(device, torch.device) else resolve_device(device)
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         if not dist.is_initialized():
             try:
@@ -168,7 +186,9 @@ def _first_line(e: Exception) -> str:
 
 def from_environment(timeout_s: float = DEFAULT_TIMEOUT_S, device: str = "cpu"):
     """A Comm when launched by torchrun or `shardbound run --nproc` (WORLD_SIZE set), else
-    a SingleComm."""
+    a SingleComm. The device ("cpu", "cuda", "auto") picks the backend: gloo on CPU, nccl on
+    CUDA."""
+    dev = resolve_device(device)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 or "TORCHELASTIC_RUN_ID" in os.environ:
-        return Comm(timeout_s, device)
-    return SingleComm()
+        return Comm(timeout_s, dev)
+    return SingleComm(dev)

@@ -47,7 +47,7 @@ class Verifier:
         n = self.network.input_shape
         single = x.numel() == _numel(n) and (x.dim() <= 1 or tuple(x.shape) == tuple(n))
         with torch.no_grad():
-            y = self.network.forward(x.reshape(-1, *n))
+            y = self.network.forward(x.reshape(-1, *n).to(self.network.device)).cpu()
         return y.reshape(-1) if single else y
 
     def bounds(self, lower, upper, C=None, method: str | None = None):
@@ -56,8 +56,10 @@ class Verifier:
         A single box (flattened or input-shaped) gives 1-D (S,) results; a batch (B, ...)
         gives (B, S)."""
         lo, hi, single = as_boxes(lower, upper, self.input_shape)
+        dev = self.network.device
         with torch.no_grad():
-            lb, ub = self.network.bounds(lo, hi, C=C, method=method or self.method)
+            lb, ub = self.network.bounds(lo.to(dev), hi.to(dev), C=C, method=method or self.method)
+        lb, ub = lb.cpu(), ub.cpu()
         if single:
             return lb[0], ub[0]
         return lb, ub
@@ -127,5 +129,6 @@ def load(directory: str, summation: str | None = None, comm=None) -> Verifier:
                               "the model") from None
     network.ledger = ledger
     network.comm = comm
+    network.device = comm.device
     network.rows = RowSplit(comm, enabled=plan["mode"] == "fsdp" and network.order != "fast")
     return Verifier(network, plan, directory)

@@ -38,6 +38,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="bound method (default: the one compiled in)")
     parser.add_argument("--threads", type=int, default=1, metavar="T",
                         help="torch intra-op threads (default 1; set explicitly so runs repeat)")
+    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                        help="where to bound: cpu (default; gloo between ranks), cuda (nccl), "
+                             "or auto (cuda when available)")
     parser.add_argument("--timeout", type=float, default=60.0, metavar="S",
                         help="collective timeout in seconds for sharded runs (default 60)")
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
@@ -74,7 +77,8 @@ def _launch(directory: str, args) -> int:
             argv += ["--result", os.path.abspath(args.result)]
     else:
         argv = ["--box", os.path.abspath(args.box)]
-    argv += ["--threads", str(args.threads), "--timeout", str(args.timeout)]
+    argv += ["--threads", str(args.threads), "--timeout", str(args.timeout),
+             "--device", getattr(args, "device", "cpu")]
     if args.json:
         argv += ["--json", os.path.abspath(args.json)]
     if args.method:
@@ -95,7 +99,7 @@ def _run_rank(directory: str, args) -> int:
 
     torch.set_num_threads(args.threads)
     lower, upper = read_box_file(args.box)
-    comm = dist.from_environment(timeout_s=args.timeout)
+    comm = dist.from_environment(timeout_s=args.timeout, device=args.device)
     try:
         verifier = load(directory, comm=comm)
         as_boxes(lower, upper, verifier.input_shape, where=args.box)  # errors name the file

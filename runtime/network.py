@@ -37,6 +37,7 @@ class Network:
         self.order = order
         self.ledger = MemoryLedger()
         self.rows = RowSplit()          # the loader enables row sharding in fsdp runs
+        self.device = torch.device("cpu")   # where parameters live (the loader may move them)
         self.consumers: dict[str, list[str]] = {n.name: [] for n in self.nodes}
         for n in self.nodes:
             for i in n.inputs:
@@ -129,7 +130,7 @@ class Network:
         B = lower.shape[0]
         size = _numel(node.shape)
         a, b = self.rows.my_range(size)
-        eye = identity_rows(a, b, size, lower.dtype).reshape(b - a, *node.shape)
+        eye = identity_rows(a, b, size, lower.dtype, lower.device).reshape(b - a, *node.shape)
         A = eye.unsqueeze(0).expand(B, *eye.shape)
         lo, hi = self.backward(node, A, lower, upper, known)
         both = self.rows.gather(torch.stack([lo, hi], dim=-1), size)
@@ -142,8 +143,8 @@ class Network:
         B, S = A.shape[:2]
         lAs: dict[str, torch.Tensor] = {target.name: A}
         uAs: dict[str, torch.Tensor | None] = {target.name: None if lower_only else A}
-        l_bias = torch.zeros(B, S, dtype=A.dtype)
-        u_bias = torch.zeros(B, S, dtype=A.dtype)
+        l_bias = torch.zeros(B, S, dtype=A.dtype, device=A.device)
+        u_bias = torch.zeros(B, S, dtype=A.dtype, device=A.device)
         self.ledger.set("a_matrix", tensor_bytes([A]))
         stop = self.nodes.index(target)
         for n in reversed(self.nodes[:stop + 1]):
@@ -187,7 +188,7 @@ class Network:
         out = _numel(self.output_shape)
         if C is None:
             C = torch.eye(out)
-        C = torch.as_tensor(C, dtype=torch.float32)
+        C = torch.as_tensor(C, dtype=torch.float32).to(self.device)
         if C.dim() == 2:
             C = C.unsqueeze(0).expand(B, *C.shape)
         if C.dim() != 3 or C.shape[0] != B or C.shape[2] != out:

@@ -41,16 +41,17 @@ class RowSplit:
         P = self.comm.world
         size = -(-rows // P)
         B, local, rest = t.shape[0], t.shape[1], tuple(t.shape[2:])
-        padded = torch.zeros((B, size, *rest), dtype=t.dtype)
+        padded = torch.zeros((B, size, *rest), dtype=t.dtype, device=t.device)
         padded[:, :local] = t
         flat = self.comm.all_gather_flat(padded.reshape(-1))
         every = flat.reshape(P, B, size, *rest).transpose(0, 1).reshape(B, P * size, *rest)
         return every[:, :rows].contiguous()
 
 
-def identity_rows(start: int, stop: int, size: int, dtype=torch.float32) -> torch.Tensor:
+def identity_rows(start: int, stop: int, size: int, dtype=torch.float32,
+                  device=None) -> torch.Tensor:
     """Rows start..stop of the (size x size) identity, without building the whole identity."""
-    eye = torch.zeros(stop - start, size, dtype=dtype)
-    idx = torch.arange(stop - start)
+    eye = torch.zeros(stop - start, size, dtype=dtype, device=device)
+    idx = torch.arange(stop - start, device=device)
     eye[idx, idx + start] = 1
     return eye

@@ -76,7 +76,10 @@ class _CaseRunner:
         self.n_conj = len(case.conjunctions)
 
     def forward_flat(self, x):
-        return self.net.forward(x.reshape(-1, *self.net.input_shape)).reshape(x.shape[0], -1)
+        """Flattened outputs on the CPU for flattened inputs on the CPU (the network may
+        live on a GPU)."""
+        x = x.reshape(-1, *self.net.input_shape).to(self.net.device)
+        return self.net.forward(x).reshape(x.shape[0], -1).cpu()
 
     def confirm(self, x) -> tuple[np.ndarray, np.ndarray] | None:
         """A plain forward pass at a point inside the real (float64) box."""
@@ -107,18 +110,22 @@ class _CaseRunner:
         if any(len(k.d) == 0 for k in self.case.conjunctions):   # no output constraint
             return "sat", self.confirm((self.lo + self.hi) / 2)
         shape = (1, *self.net.input_shape)
-        lo, hi = self.lo.reshape(shape), self.hi.reshape(shape)
+        dev = self.net.device
+        lo, hi = self.lo.reshape(shape).to(dev), self.hi.reshape(shape).to(dev)
+        C_dev = self.C.to(dev)
         x = pgd(self.forward_flat, self.lo, self.hi, self.C, self.d, self.owner)
         if x is not None and (cex := self.confirm(x)) is not None:
             self.log("attack")
             return "sat", cex
         with torch.no_grad():
             cache = self.net.intermediate_bounds(lo, hi)
-            lb, _ = self.net.final_crown(*cache, lo, hi, self.C)
+            lb, _ = self.net.final_crown(*cache, lo, hi, C_dev)
+            lb = lb.cpu()
         self.log("crown")
         if self.refuted(lb):
             return "unsat", None
-        lb, _ = alpha_mod.alpha_crown(self.net, lo, hi, self.C, cache=cache)
+        lb, _ = alpha_mod.alpha_crown(self.net, lo, hi, C_dev, cache=cache)
+        lb = lb.cpu()
         self.log("alpha-crown")
         if self.refuted(lb):
             return "unsat", None

@@ -15,7 +15,7 @@ def run_verify_rank(directory: str, args) -> int:
 
     torch.set_num_threads(args.threads)
     spec = read_spec(args.verify)
-    comm = dist.from_environment(timeout_s=args.timeout)
+    comm = dist.from_environment(timeout_s=args.timeout, device=getattr(args, "device", "cpu"))
     try:
         verifier = load(directory, comm=comm)
         result = verify(verifier, spec, args.verify_timeout, comm, quiet=args.quiet or comm.rank != 0)
