@@ -40,12 +40,32 @@ def refuted_conjunctions(lb: torch.Tensor, d: np.ndarray, owner: np.ndarray, n_c
     return out
 
 
+def _attack_closest(lb, d, owner, n_conj, olo, ohi, attack, count):
+    """Attack the open domains whose best conjunction is nearest to being feasible."""
+    margin = lb.double() - torch.from_numpy(d)                       # (b, R)
+    per_conj = torch.full((lb.shape[0], n_conj), float("inf"), dtype=torch.float64)
+    for j in range(n_conj):
+        rows = torch.from_numpy(np.nonzero(owner == j)[0])
+        if len(rows):
+            per_conj[:, j] = margin[:, rows].max(dim=1).values
+    closeness = per_conj.min(dim=1).values                           # lower: more promising
+    for i in torch.argsort(closeness)[:count].tolist():
+        x = attack(olo[i], ohi[i])
+        if x is not None:
+            return x
+    return None
+
+
 def input_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violation,
-                batch: int = 512, progress=None) -> BabResult:
+                batch: int = 512, progress=None, attack=None, attack_domains: int = 4
+                ) -> BabResult:
     """Prove or refute {x in [lo, hi]: some conjunction of C f(x) <= d} by input splitting.
 
     agree(flag) -> bool: the flag OR-ed over ranks (so every rank stops together).
     is_violation(x (N, n)) -> index of a confirmed counterexample row, or None.
+    attack(lo, hi) -> a candidate point or None: run on the `attack_domains` open domains of
+    each batch whose bounds come closest to a violation (small domains make gradient
+    attacks far more effective than on the whole box).
     """
     n_conj = int(owner.max()) + 1
     los, his = lo.reshape(1, -1).clone(), hi.reshape(1, -1).clone()
@@ -84,6 +104,11 @@ def input_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violati
         if hit is not None:
             return BabResult("sat", x=((olo + ohi) / 2)[hit], domains=bounded,
                              verified_fraction=verified)
+        if attack is not None:
+            x = _attack_closest(lb[open_], d, owner, n_conj, olo, ohi, attack, attack_domains)
+            if x is not None and is_violation(x.reshape(1, -1)) is not None:
+                return BabResult("sat", x=x.reshape(-1), domains=bounded,
+                                 verified_fraction=verified)
         still_open_rows = ~refuted[open_][:, torch.from_numpy(owner)]          # (b, R)
         lA = grab["lA"].reshape(take, C.shape[0], -1)[open_]                   # (b, R, n)
         score = (lA.abs() * still_open_rows.unsqueeze(-1)).sum(dim=1) * (ohi - olo)

@@ -98,6 +98,10 @@ class _CaseRunner:
                 return i
         return None
 
+    def domain_attack(self, lo, hi):
+        """A short attack inside one branch-and-bound domain."""
+        return pgd(self.forward_flat, lo, hi, self.C, self.d, self.owner, restarts=2, steps=15)
+
     def agree(self, flag: bool) -> bool:
         return bool(self.comm.all_reduce_max(torch.tensor([float(flag)]))[0] > 0)
 
@@ -132,7 +136,8 @@ class _CaseRunner:
         if self.lo.numel() <= SPLIT_MAX_INPUTS:
             self.log("input-split")
             res = input_split(self.net, self.C, self.d, self.owner, self.lo, self.hi,
-                              self.deadline, self.agree, self.is_violation, progress=self.progress)
+                              self.deadline, self.agree, self.is_violation, progress=self.progress,
+                              attack=self.domain_attack)
             self.progress.done()
             if res.verdict == "sat":
                 return "sat", self.confirm(res.x)
