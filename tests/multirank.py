@@ -25,13 +25,13 @@ def run_job(tmp_path, entries, methods, nproc, threads=1, tag="job") -> dict:
     job = tmp_path / f"{tag}_{nproc}.json"
     out = tmp_path / f"{tag}_{nproc}_out.json"
     job.write_text(json.dumps({"entries": entries, "methods": methods, "threads": threads,
-                               "timeout": 60}))
+                               "timeout": 180}))
     if nproc == 1:
         from rank_driver import main
 
         main(str(job), str(out))
     else:
-        code = launch(os.path.join(HERE, "rank_driver.py"), [str(job), str(out)], nproc, 60)
+        code = launch(os.path.join(HERE, "rank_driver.py"), [str(job), str(out)], nproc, 180)
         assert code == 0, f"rank job failed with {code}"
     data = json.loads(out.read_text())
     assert data["world"] == nproc
