@@ -31,13 +31,15 @@ def _describe(code: int) -> str:
     return f"exited with code {code}"
 
 
-def launch(program: str, argv: list[str], nproc: int, timeout_s: float) -> int:
+def launch(program: str, argv: list[str], nproc: int, timeout_s: float, stderr=None) -> int:
+    """Run `program argv` as `nproc` ranks; the exit code of the job (0, 1, or 2 for a user
+    error a rank reported). `stderr`: an open file for the ranks' stderr (default: ours)."""
     port = free_port()
     procs = []
     for rank in range(nproc):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
                    LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([sys.executable, program, *argv], env=env))
+        procs.append(subprocess.Popen([sys.executable, program, *argv], env=env, stderr=stderr))
     failure = None
     deadline = None
     while True:
@@ -63,5 +65,5 @@ def launch(program: str, argv: list[str], nproc: int, timeout_s: float) -> int:
     rank, code = failure
     if code != 2:  # 2: a user error the rank already explained in one line
         print(f"error: rank {rank} of {nproc} {_describe(code)}; the other ranks were stopped",
-              file=sys.stderr)
+              file=stderr or sys.stderr, flush=True)
     return 2 if code == 2 else 1

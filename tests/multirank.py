@@ -32,11 +32,16 @@ def run_job(tmp_path, entries, methods, nproc, threads=1, tag="job") -> dict:
 
         main(str(job), str(out))
     else:
-        code = launch(os.path.join(HERE, "rank_driver.py"), [str(job), str(out)], nproc, 180)
+        log = tmp_path / f"{tag}_{nproc}.stderr"
+        with open(log, "w") as err:
+            code = launch(os.path.join(HERE, "rank_driver.py"), [str(job), str(out)], nproc, 180,
+                          stderr=err)
         if code != 0:
             # A failed launch (a rendezvous port taken, a rank killed by the machine) is retried
-            # once and reported; a bitwise mismatch never is: that is checked by the caller.
-            warnings.warn(f"rank job on {nproc} ranks failed with {code}; retrying once")
+            # once and reported with the ranks' last stderr lines; a bitwise mismatch never is
+            # retried: that is checked by the caller.
+            tail = " | ".join(log.read_text().strip().splitlines()[-6:])
+            warnings.warn(f"rank job on {nproc} ranks failed with {code}; retrying once: {tail}")
             code = launch(os.path.join(HERE, "rank_driver.py"), [str(job), str(out)], nproc, 180)
         assert code == 0, f"rank job failed with {code}"
     data = json.loads(out.read_text())
