@@ -100,7 +100,11 @@ class LoweringContext:
         keys = []
         for role, array in sorted(params.items()):
             key = f"{name}.{role}"
-            self.tensors[key] = np.ascontiguousarray(np.asarray(array, dtype=np.float32))
+            value = np.ascontiguousarray(np.asarray(array, dtype=np.float32))
+            if not np.isfinite(value).all():
+                raise self.error(f"its {role} holds non-finite values (inf or nan) after "
+                                 "conversion to float32; bounds through it would be meaningless")
+            self.tensors[key] = value
             keys.append((role, key))
         try:
             op = OP_TYPES[kind](name, [i.node for i in inputs], [i.shape for i in inputs],

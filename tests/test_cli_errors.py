@@ -321,3 +321,33 @@ def test_happy_path(tmp_path):
     for ln, node in zip(node_lines, plan["nodes"]):
         assert ln.strip().startswith(f"{node['name']}("), (ln, node["name"])
         assert f"= {node['op']}(" in ln, (ln, node["op"])
+
+
+def test_non_finite_constants_are_rejected_at_compile_time(tmp_path):
+    """A weight with inf (or a constant that overflows float32) is a one-line error naming
+    the node, not a program that bounds with nan."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from shardbound.compiler.driver import compile_model
+    from shardbound.compiler.errors import ShardboundError
+    from shardbound.passes.manager import PassOptions
+
+    w = np.ones((2, 3), dtype=np.float32)
+    w[0, 1] = np.inf
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w"], ["y"], name="bad_gemm", transB=1)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])],
+        [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "inf.onnx")
+    try:
+        compile_model(str(tmp_path / "inf.onnx"), str(tmp_path / "out"), PassOptions())
+    except ShardboundError as e:
+        message = str(e)
+    else:
+        raise AssertionError("compiled a model with an infinite weight")
+    assert "bad_gemm" in message and "non-finite" in message and "\n" not in message
