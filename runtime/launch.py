@@ -1,6 +1,7 @@
 """`shardbound run DIR --nproc P`: start P ranks of DIR/program.py on this machine.
 
-The ranks rendezvous through env:// on 127.0.0.1 with a free port (as torchrun would set it up).
+The ranks rendezvous through env:// on 127.0.0.1, joining a store the launcher hosts (as
+torchrun's agent does).
 The launcher watches them: when one exits with an error, the others get the collective
 timeout to notice and stop, after which they are killed; the message names the rank that
 failed first and how (exit code or signal).
@@ -10,16 +11,22 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _rendezvous_store(timeout_s: float):
+    """The job's rendezvous store, hosted by the launcher on a port the OS picks while the
+    store binds it (so no other process can take it in between, as it could when a free port
+    was looked up first and bound later by rank 0). The ranks join it as clients, the way
+    torchrun's agent store works (TORCHELASTIC_USE_AGENT_STORE)."""
+    import datetime
+
+    from torch.distributed import TCPStore
+
+    return TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=timeout_s),
+                    wait_for_workers=False)
 
 
 def _describe(code: int) -> str:
@@ -34,11 +41,12 @@ def _describe(code: int) -> str:
 def launch(program: str, argv: list[str], nproc: int, timeout_s: float, stderr=None) -> int:
     """Run `program argv` as `nproc` ranks; the exit code of the job (0, 1, or 2 for a user
     error a rank reported). `stderr`: an open file for the ranks' stderr (default: ours)."""
-    port = free_port()
+    store = _rendezvous_store(timeout_s)
     procs = []
     for rank in range(nproc):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
-                   LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                   LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(store.port), TORCHELASTIC_USE_AGENT_STORE="True")
         procs.append(subprocess.Popen([sys.executable, program, *argv], env=env, stderr=stderr))
     failure = None
     deadline = None

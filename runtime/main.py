@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -111,7 +112,8 @@ def _run_rank(directory: str, args) -> int:
         memory["predicted_peak_tracked_bytes"] = predicted_peak(verifier, comm, method, lb)
         comm.barrier()
     finally:
-        comm.close()
+        if comm.world == 1:
+            comm.close()
     if comm.rank != 0:
         return 0
     digest = bounds_sha256(lb, ub)
@@ -162,4 +164,9 @@ def program_main(directory: str, argv=None) -> None:
     parser = ArgumentParser(prog="program.py", description="Run a compiled shardbound program.")
     add_run_arguments(parser)
     args = parser.parse_args(argv)
-    sys.exit(guarded(run, directory, args))
+    code = guarded(run, directory, args)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:   # one rank of a job: see dist.exit_rank
+        from shardbound.runtime.dist import exit_rank
+
+        exit_rank(code)
+    sys.exit(code)

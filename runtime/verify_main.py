@@ -21,7 +21,8 @@ def run_verify_rank(directory: str, args) -> int:
         result = verify(verifier, spec, args.verify_timeout, comm, quiet=args.quiet or comm.rank != 0)
         comm.barrier()
     finally:
-        comm.close()
+        if comm.world == 1:
+            comm.close()
     if comm.rank != 0:
         return 0
     print(result.verdict)

@@ -11,6 +11,7 @@ import sys
 import torch
 
 from shardbound.runtime import dist
+from shardbound.runtime.dist import exit_rank
 from shardbound.runtime.ledger import max_over_ranks
 from shardbound.runtime.loader import load
 from shardbound.runtime.main import predicted_peak
@@ -34,11 +35,12 @@ def main(job_path, out_path):
             results.append({"dir": entry["dir"], "method": method,
                             "sha": bounds_sha256(lb, ub), "memory": memory})
     comm.barrier()
-    comm.close()
     torch.set_num_threads(previous)   # the in-process (P = 1) run shares pytest's process
     if comm.rank == 0:
         with open(out_path, "w") as f:
             json.dump({"world": comm.world, "results": results}, f)
+    if comm.world > 1:
+        exit_rank(0)                  # skip the gloo teardown (see runtime.dist.exit_rank)
 
 
 if __name__ == "__main__":
