@@ -8,8 +8,6 @@ prints it and plan.json carries it.
 
 from __future__ import annotations
 
-import math
-
 from shardbound.compiler.ir import Graph
 from shardbound.runtime.memory_model import NodeShape, predict_peak
 

@@ -10,8 +10,6 @@ import torch
 from shardbound.runtime.errors import ShardboundError
 
 
-def _numel(shape) -> int:
-    return math.prod(int(d) for d in shape)
 
 
 def as_boxes(lower, upper, input_shape, where: str = "box") -> tuple[torch.Tensor, torch.Tensor, bool]:
@@ -20,7 +18,7 @@ def as_boxes(lower, upper, input_shape, where: str = "box") -> tuple[torch.Tenso
 
     Accepted forms: flattened (n,), shaped input_shape, or batched (B, n) / (B, *input_shape).
     """
-    n = _numel(input_shape)
+    n = math.prod(input_shape)
     out = []
     single = False
     for field, value in (("lower", lower), ("upper", upper)):
@@ -31,7 +29,7 @@ def as_boxes(lower, upper, input_shape, where: str = "box") -> tuple[torch.Tenso
         if t.numel() == n and (t.dim() <= 1 or tuple(t.shape) == tuple(input_shape)):
             single = True
             t = t.reshape(1, *input_shape)
-        elif t.dim() >= 2 and _numel(t.shape[1:]) == n:
+        elif t.dim() >= 2 and math.prod(t.shape[1:]) == n:
             t = t.reshape(t.shape[0], *input_shape)
         else:
             raise ShardboundError(

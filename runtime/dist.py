@@ -9,6 +9,7 @@ rendezvous store), instead of a hang or a traceback from deep inside torch.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import re
@@ -153,6 +154,19 @@ class Comm:
     def close(self) -> None:
         if self.dist.is_initialized():
             self.dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def rank_session(threads: int, timeout_s: float, device: str = "cpu"):
+    """The communicator of one run: set the thread count, join the job (or not), and on the
+    way out close a single process's group; a job's ranks leave through `exit_rank`."""
+    torch.set_num_threads(threads)
+    comm = from_environment(timeout_s=timeout_s, device=device)
+    try:
+        yield comm
+    finally:
+        if comm.world == 1:
+            comm.close()
 
 
 def exit_rank(code: int) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import math
 import os
 
 import torch
@@ -45,7 +46,7 @@ class Verifier:
         """f(x) for one input (flattened or shaped; returns the flattened output) or a batch."""
         x = torch.as_tensor(x, dtype=torch.float32)
         n = self.network.input_shape
-        single = x.numel() == _numel(n) and (x.dim() <= 1 or tuple(x.shape) == tuple(n))
+        single = x.numel() == math.prod(n) and (x.dim() <= 1 or tuple(x.shape) == tuple(n))
         with torch.no_grad():
             y = self.network.forward(x.reshape(-1, *n).to(self.network.device)).cpu()
         return y.reshape(-1) if single else y
@@ -65,11 +66,6 @@ class Verifier:
         return lb, ub
 
 
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
 
 
 def read_plan(directory: str) -> dict:

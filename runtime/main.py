@@ -90,18 +90,14 @@ def _launch(directory: str, args) -> int:
 
 
 def _run_rank(directory: str, args) -> int:
-    import torch
-
     from shardbound.runtime import dist
     from shardbound.runtime.boxes import as_boxes, read_box_file
     from shardbound.runtime.ledger import max_over_ranks
     from shardbound.runtime.loader import load
     from shardbound.runtime.report import bounds_sha256, format_table
 
-    torch.set_num_threads(args.threads)
     lower, upper = read_box_file(args.box)
-    comm = dist.from_environment(timeout_s=args.timeout, device=args.device)
-    try:
+    with dist.rank_session(args.threads, args.timeout, args.device) as comm:
         verifier = load(directory, comm=comm)
         as_boxes(lower, upper, verifier.input_shape, where=args.box)  # errors name the file
         method = args.method or verifier.method
@@ -111,9 +107,6 @@ def _run_rank(directory: str, args) -> int:
         memory = max_over_ranks(comm.all_gather_objects(verifier.network.ledger.report()))
         memory["predicted_peak_tracked_bytes"] = predicted_peak(verifier, comm, method, lb)
         comm.barrier()
-    finally:
-        if comm.world == 1:
-            comm.close()
     if comm.rank != 0:
         return 0
     digest = bounds_sha256(lb, ub)
@@ -128,13 +121,17 @@ def _run_rank(directory: str, args) -> int:
                   "lower": lb.reshape(-1).tolist(), "upper": ub.reshape(-1).tolist(),
                   "bounds_sha256": digest, "threads": args.threads,
                   "seconds": round(elapsed, 6), "memory": memory}
-        try:
-            with open(args.json, "w", encoding="utf-8") as f:
-                json.dump(result, f, indent=1)
-                f.write("\n")
-        except OSError as e:
-            raise ShardboundError(f"{args.json}: cannot write the result ({e.strerror})") from None
+        write_output(args.json, json.dumps(result, indent=1) + "\n")
     return 0
+
+
+def write_output(path: str, text: str) -> None:
+    """Write a result file; a failure is a user error naming the file."""
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise ShardboundError(f"{path}: cannot write the result ({e.strerror})") from None
 
 
 def predicted_peak(verifier, comm, method: str, lb) -> int | None:

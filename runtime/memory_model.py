@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 F32 = 4
-VIEW_OPS = ("reshape", "input")        # their outputs (and backward A's) share storage
+VIEW_OPS = ("reshape",)       # outputs (and backward A-matrices) share their input's storage
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,6 @@ class NodeShape:
     crown_bounds: bool                 # the bound plan asks CROWN for this node's bounds
 
 
-def _numel(shape) -> int:
-    return math.prod(int(d) for d in shape)
 
 
 def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1,
@@ -52,14 +50,12 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
     def rows(total):
         return -(-total // world) if shard_rows else total
 
-    # IBP: every node's (lower, upper), views sharing their input's storage.
+    # IBP: every node's (lower, upper) -- the input's are the box itself; views add nothing.
     ibp_bytes = 0
     peak = resident
     for node in nodes:
         if node.op not in VIEW_OPS:
-            ibp_bytes += 2 * batch * _numel(node.shape) * F32
-        elif node.op == "input":
-            ibp_bytes += 2 * batch * _numel(node.shape) * F32
+            ibp_bytes += 2 * batch * math.prod(node.shape) * F32
         peak = max(peak, resident + gathered[node.name] + ibp_bytes)
     bounds = ibp_bytes
     if method == "ibp":
@@ -69,7 +65,7 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
         """Peak of one backward pass from `target` with S rows."""
         nonlocal peak
         # live: name -> (lower bytes, upper bytes, shared storage?)
-        first = (S * _numel(target.shape) if eye else batch * S * _numel(target.shape)) * F32
+        first = (S * math.prod(target.shape) if eye else batch * S * math.prod(target.shape)) * F32
         live = {target.name: (first, first, True)}
         a_prev = first
         for node in reversed(nodes[:index[target.name] + 1]):
@@ -78,8 +74,8 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
             l_bytes, u_bytes, shared = live.pop(node.name)
             peak = max(peak, resident + bounds + a_prev + gathered[node.name])
             for name in node.inputs:
-                size = batch * S * _numel(by_name[name].shape) * F32
-                if node.op == "reshape":
+                size = batch * S * math.prod(by_name[name].shape) * F32
+                if node.op in VIEW_OPS:
                     produced = (l_bytes, u_bytes, shared)
                 else:
                     produced = (size, size, shared and node.op != "relu")
@@ -93,10 +89,10 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
 
     for node in nodes:
         if node.crown_bounds and node.op != "input":
-            backward(node, rows(_numel(node.shape)), eye=True)
-            bounds += 2 * batch * _numel(node.shape) * F32
+            backward(node, rows(math.prod(node.shape)), eye=True)
+            bounds += 2 * batch * math.prod(node.shape) * F32
     out = by_name[output]
-    backward(out, rows(spec_rows or _numel(out.shape)), eye=False)
+    backward(out, rows(spec_rows or math.prod(out.shape)), eye=False)
     return {"resident_param_bytes": resident, "peak_tracked_bytes": peak}
 
 

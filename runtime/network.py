@@ -11,6 +11,7 @@ intermediate ones and the final one -- is intersected with the IBP bound of the 
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -38,10 +39,6 @@ class Network:
         self.ledger = MemoryLedger()
         self.rows = RowSplit()          # the loader enables row sharding in fsdp runs
         self.device = torch.device("cpu")   # where parameters live (the loader may move them)
-        self.consumers: dict[str, list[str]] = {n.name: [] for n in self.nodes}
-        for n in self.nodes:
-            for i in n.inputs:
-                self.consumers[i].append(n.name)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -128,7 +125,7 @@ class Network:
     def crown_node(self, node: Op, lower, upper, known) -> Bounds:
         """CROWN bounds of every neuron of `node` (an identity A-matrix), reshaped to it."""
         B = lower.shape[0]
-        size = _numel(node.shape)
+        size = math.prod(node.shape)
         a, b = self.rows.my_range(size)
         eye = identity_rows(a, b, size, lower.dtype, lower.device).reshape(b - a, *node.shape)
         A = eye.unsqueeze(0).expand(B, *eye.shape)
@@ -177,7 +174,7 @@ class Network:
     def _concretize(self, A, lower, upper, lower_side: bool) -> torch.Tensor:
         """min (or max) of A x over the box: A.center -/+ |A|.radius, per row."""
         B, S = A.shape[:2]
-        flat = A.reshape(B, S, _numel(A.shape[2:]))
+        flat = A.reshape(B, S, math.prod(A.shape[2:]))
         center = ((upper + lower) / 2).reshape(B, 1, -1)
         radius = ((upper - lower) / 2).reshape(B, 1, -1)
         mid = contract.dot_last(flat, center, self.order)
@@ -185,7 +182,7 @@ class Network:
         return mid - spread if lower_side else mid + spread
 
     def _spec_matrix(self, C, B: int) -> torch.Tensor:
-        out = _numel(self.output_shape)
+        out = math.prod(self.output_shape)
         if C is None:
             C = torch.eye(out)
         C = torch.as_tensor(C, dtype=torch.float32).to(self.device)
@@ -231,8 +228,3 @@ def _interval_matvec(C, lo, hi, order) -> Bounds:
     return mid - spread, mid + spread
 
 
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n

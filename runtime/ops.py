@@ -238,7 +238,6 @@ class Conv2d(Op):
         N, Cout = A_flat.shape[:2]
         kh, kw = w.shape[2:]
         G = self.groups
-        cin_g = w.shape[1]
         A_cols = A_flat.reshape(N, Cout, -1).transpose(1, 2).contiguous()   # (N, L, Cout)
         out_per_group = Cout // G
         parts = []
