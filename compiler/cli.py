@@ -26,6 +26,16 @@ def _add_compile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=MODES, default="single",
                    help="sharding mode (default single)")
@@ -37,13 +47,17 @@ def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
                    help="summation order of every contraction: blocked (default; the same bits "
                         "for any thread count and rank count), exact (correctly rounded: the "
                         "same bits on any BLAS or device), fast (plain BLAS; run-to-run only)")
+    p.add_argument("--stream-chunk-kib", type=_positive_int, default=4096, metavar="KIB",
+                   help="fsdp with blocked/exact: gather large weight matrices in blocks of at "
+                        "most this many KiB instead of whole (default 4096)")
 
 
 def _options(args):
     from shardbound.passes.manager import PassOptions
 
     return PassOptions(mode=args.mode, method=args.method, intermediate=args.intermediate,
-                       summation=args.summation, nproc=getattr(args, "nproc", 1))
+                       summation=args.summation, nproc=getattr(args, "nproc", 1),
+                       stream_chunk_bytes=args.stream_chunk_kib * 1024)
 
 
 def _compile(args) -> int:

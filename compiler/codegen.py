@@ -122,6 +122,7 @@ def plan_dict(graph: Graph, options, passes: list[str]) -> dict:
         "source": graph.source,
         "mode": options.mode, "method": options.method,
         "intermediate": options.intermediate, "summation": options.summation,
+        "stream_chunk_bytes": options.stream_chunk_bytes,
         "passes": list(passes),
         "input": {"onnx_name": graph.input_name, "node": graph.input.name,
                   "shape": list(graph.input.shape)},

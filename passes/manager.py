@@ -24,6 +24,7 @@ class PassOptions:
     intermediate: str = "crown"        # how nodes feeding a ReLU are bounded under CROWN
     summation: str = "blocked"
     nproc: int = 1                     # the world size `inspect` predicts memory for
+    stream_chunk_bytes: int = 4 * 2 ** 20   # fsdp: the most of one weight a rank gathers at once
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,9 @@ def _shapes(graph: Graph) -> list[NodeShape]:
     plan = graph.annotations.get("bounds", {})
     return [NodeShape(n.name, n.op, n.inputs, n.shape,
                       tuple(int(graph.tensors[k].size) for _, k in n.params),
-                      plan.get(n.name) == "crown") for n in graph.nodes]
+                      plan.get(n.name) == "crown",
+                      next((tuple(graph.tensors[k].shape) for role, k in n.params
+                            if role == "weight"), ())) for n in graph.nodes]
 
 
 def _mib(b: int) -> str:
@@ -30,7 +32,8 @@ def memory_plan(graph: Graph, options) -> Graph:
     worlds = sorted({1, 2, 4, max(1, int(options.nproc))}) if fsdp else [1]
     parts = []
     for P in worlds:
-        pred = predict_peak(shapes, graph.output, P, shard_rows=shard_rows)
+        pred = predict_peak(shapes, graph.output, P, shard_rows=shard_rows,
+                            stream_chunk_bytes=options.stream_chunk_bytes)
         parts.append(f"P={P}: resident {_mib(pred['resident_param_bytes'])} "
                      f"peak {_mib(pred['peak_tracked_bytes'])}")
     note = "predicted per-rank crown peak (1 box): " + ", ".join(parts)

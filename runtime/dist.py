@@ -53,6 +53,9 @@ class SingleComm:
     def all_gather_flat(self, shard: torch.Tensor) -> torch.Tensor:
         return shard
 
+    def broadcast_(self, t: torch.Tensor, src: int) -> torch.Tensor:
+        return t
+
     def all_gather_objects(self, obj) -> list:
         return [obj]
 
@@ -137,6 +140,11 @@ class Comm:
         out = torch.empty(shard.numel() * self.world, dtype=shard.dtype, device=shard.device)
         self._run("all_gather", lambda: self.dist.all_gather_single(out, shard))
         return out
+
+    def broadcast_(self, t: torch.Tensor, src: int) -> torch.Tensor:
+        """Overwrite the contiguous `t` on every rank with rank `src`'s `t`."""
+        self._run("broadcast", lambda: self.dist.broadcast(t, src=src))
+        return t
 
     def all_gather_objects(self, obj) -> list:
         out = [None] * self.world

@@ -19,7 +19,7 @@ from shardbound.runtime.boxes import as_boxes
 from shardbound.runtime.dist import SingleComm
 from shardbound.runtime.errors import ShardboundError
 from shardbound.runtime.ledger import MemoryLedger
-from shardbound.runtime.params import open_params
+from shardbound.runtime.params import STREAM_CHUNK_BYTES, open_params
 from shardbound.runtime.rows import RowSplit
 
 PLAN_FORMAT = "shardbound-plan/1"
@@ -91,6 +91,15 @@ def read_plan(directory: str) -> dict:
     return plan
 
 
+def stream_chunk_bytes(plan: dict) -> int:
+    """How much of one weight matrix an fsdp rank gathers at a time (see runtime/streaming)."""
+    value = plan.get("stream_chunk_bytes", STREAM_CHUNK_BYTES)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 4:
+        raise ShardboundError(f"plan.json: stream_chunk_bytes must be an integer >= 4, got "
+                              f"{value!r}; recompile the model")
+    return value
+
+
 def import_program(directory: str):
     path = os.path.join(directory, "program.py")
     if not os.path.isfile(path):
@@ -116,7 +125,8 @@ def load(directory: str, summation: str | None = None, comm=None) -> Verifier:
     module = import_program(directory)
     comm = comm or SingleComm()
     ledger = MemoryLedger()
-    params = open_params(os.path.join(directory, "weights.safetensors"), plan["mode"], comm, ledger)
+    params = open_params(os.path.join(directory, "weights.safetensors"), plan["mode"], comm, ledger,
+                         stream_chunk_bytes(plan))
     try:
         network = module.build(params, order=summation or module.SUMMATION)
     except KeyError as e:

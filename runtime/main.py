@@ -136,6 +136,7 @@ def write_output(path: str, text: str) -> None:
 
 def predicted_peak(verifier, comm, method: str, lb) -> int | None:
     """The memory model's prediction for this very run (None for alpha-CROWN: not modelled)."""
+    from shardbound.runtime.loader import stream_chunk_bytes
     from shardbound.runtime.memory_model import network_shapes, predict_peak
 
     if method not in ("ibp", "crown"):
@@ -144,7 +145,8 @@ def predicted_peak(verifier, comm, method: str, lb) -> int | None:
     fsdp = verifier.plan["mode"] == "fsdp"
     pred = predict_peak(network_shapes(net), net.output.name, comm.world,
                         batch=lb.shape[0] if lb.dim() > 1 else 1, spec_rows=lb.shape[-1],
-                        shard_rows=net.rows.enabled if fsdp else None, method=method)
+                        shard_rows=net.rows.enabled if fsdp else None, method=method,
+                        stream_chunk_bytes=stream_chunk_bytes(verifier.plan))
     return pred["peak_tracked_bytes"]
 
 

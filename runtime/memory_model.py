@@ -26,23 +26,43 @@ class NodeShape:
     shape: tuple[int, ...]
     param_numels: tuple[int, ...]
     crown_bounds: bool                 # the bound plan asks CROWN for this node's bounds
+    weight_shape: tuple[int, ...] = ()  # shape of the "weight" parameter, if any
 
 
+
+
+def _gathered_bytes(node: NodeShape, gathers: bool, streamed: bool, chunk: int) -> int:
+    """What a rank holds of a node's gathered parameters while visiting it: all of them, or
+    for a streamed linear layer (runtime/streaming.py) one weight block, and the other
+    parameters (the bias) only after the blocks are done."""
+    if not gathers:
+        return 0
+    total = sum(node.param_numels) * F32
+    weight = math.prod(node.weight_shape) * F32 if node.weight_shape else 0
+    if not streamed or node.op != "linear" or len(node.weight_shape) != 2 or weight <= chunk:
+        return total
+    rows, cols = node.weight_shape
+    block = max(min(max(1, chunk // F32 // cols), rows) * cols,   # forward / IBP: row blocks
+                min(max(1, chunk // F32 // rows), cols) * rows) * F32  # backward: column blocks
+    return max(block, total - weight)
 
 
 def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1,
                  spec_rows: int | None = None, shard_rows: bool | None = None,
-                 method: str = "crown") -> dict:
+                 method: str = "crown", stream_chunk_bytes: int | None = None) -> dict:
     """Predicted per-rank bytes: resident parameters, and the tracked peak of a run of
     `method` ("ibp" or "crown"). `shard_rows` None means single mode (whole parameters);
-    False or True means fsdp without or with work sharding of the CROWN rows."""
+    False or True means fsdp without or with work sharding of the CROWN rows (the orders that
+    shard rows also stream large linear weights in blocks of `stream_chunk_bytes`)."""
     fsdp = shard_rows is not None
+    streamed = bool(shard_rows) and stream_chunk_bytes is not None
     shard_rows = bool(shard_rows) and world > 1
     if fsdp:
         resident = sum(-(-n // world) * F32 for node in nodes for n in node.param_numels)
     else:
         resident = sum(n * F32 for node in nodes for n in node.param_numels)
-    gathered = {node.name: (sum(node.param_numels) * F32 if fsdp and world > 1 else 0)
+    gathered = {node.name: _gathered_bytes(node, fsdp and world > 1, streamed,
+                                           stream_chunk_bytes or 0)
                 for node in nodes}
     index = {node.name: i for i, node in enumerate(nodes)}
     by_name = {node.name: node for node in nodes}
@@ -72,17 +92,19 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
             if node.name not in live or node.op == "input":
                 continue
             l_bytes, u_bytes, shared = live.pop(node.name)
-            peak = max(peak, resident + bounds + a_prev + gathered[node.name])
+            new_bytes = 0        # this step's outputs, alive with its inputs and parameters
             for name in node.inputs:
                 size = batch * S * math.prod(by_name[name].shape) * F32
                 if node.op in VIEW_OPS:
                     produced = (l_bytes, u_bytes, shared)
                 else:
                     produced = (size, size, shared and node.op != "relu")
+                    new_bytes += size * (1 if produced[2] else 2)
                 if name in live:     # summed into a new tensor
                     old = live[name]
                     produced = (size, size, old[2] and produced[2])
                 live[name] = produced
+            peak = max(peak, resident + bounds + a_prev + new_bytes + gathered[node.name])
             a_now = sum(l + (0 if sh else u) for l, u, sh in live.values())
             peak = max(peak, resident + bounds + a_now)
             a_prev = a_now
@@ -102,6 +124,8 @@ def network_shapes(network) -> list[NodeShape]:
     for n in network.nodes:
         numels = tuple(int(p.numel() if callable(p.numel) else p.numel)   # Tensor or shard
                        for p in n.params.values())
+        weight = n.params.get("weight")
         out.append(NodeShape(n.name, n.kind, n.inputs, n.shape, numels,
-                             network.intermediate.get(n.name) == "crown"))
+                             network.intermediate.get(n.name) == "crown",
+                             tuple(weight.shape) if weight is not None else ()))
     return out

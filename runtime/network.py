@@ -151,6 +151,9 @@ class Network:
             in_bounds = [known.get(i) for i in n.inputs]
             alpha = alphas.get(n.name) if alphas else None
             l_in, u_in, lb, ub = n.crown_backward(lA, uA, in_bounds, alpha=alpha)
+            # The step's inputs, outputs and gathered parameters are all alive here.
+            self.ledger.set("a_matrix", tensor_bytes([*lAs.values(), *uAs.values(), lA, uA,
+                                                      *l_in, *u_in]))
             n.release()
             if lb is not None:
                 l_bias = l_bias + lb

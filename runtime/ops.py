@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from shardbound.runtime import contract
+from shardbound.runtime import contract, streaming
 
 Bounds = tuple[torch.Tensor, torch.Tensor]
 
@@ -118,31 +118,61 @@ class Linear(Op):
     kind = "linear"
     param_roles = ("weight", "bias")
 
-    def _affine(self, x, w, with_bias=True):
-        y = contract.matmul(x, w, self.order)
+    def _streamed(self):
+        """The weight's fsdp shard when products should stream it block by block instead of
+        gathering it whole (see runtime/streaming.py); None otherwise."""
+        p = self.params.get("weight")
+        if self.order != "fast" and getattr(p, "streams", False):
+            return p
+        return None
+
+    def _with_bias(self, y):
         b = self.param("bias")
-        return y + b if (with_bias and b is not None) else y
+        return y + b if b is not None else y
 
     def forward(self, x):
-        return self._affine(x, self.param("weight"))
+        stream = self._streamed()
+        if stream is not None:
+            return self._with_bias(streaming.forward_products(stream, [x], [False], self.order)[0])
+        return self._with_bias(contract.matmul(x, self.param("weight"), self.order))
 
     def ibp(self, b):
         c, r = _center_radius(*b)
-        yc = self._affine(c, self.param("weight"))
-        yr = contract.matmul(r, self.param("weight").abs(), self.order)
+        stream = self._streamed()
+        if stream is not None:
+            yc, yr = streaming.forward_products(stream, [c, r], [False, True], self.order)
+        else:
+            w = self.param("weight")
+            yc = contract.matmul(c, w, self.order)
+            yr = contract.matmul(r, w.abs(), self.order)
+        yc = self._with_bias(yc)
         return yc - yr, yc + yr
 
-    def backward_linear(self, A):
-        w = self.param("weight")
-        # A (..., N) @ W (N, K): contract over N with W.T as the (K, N) operand.
-        A_in = contract.matmul(A, w.t().contiguous(), self.order)
+    def _bias_term(self, A):
+        """A . b summed down to (B, S)."""
         b = self.param("bias")
-        bias = None
-        if b is not None:
-            bias = contract.dot_last(A, b, self.order)
-            while bias.dim() > 2:
-                bias = contract.sum_last(bias, self.order)
-        return [A_in], bias
+        if b is None:
+            return None
+        bias = contract.dot_last(A, b, self.order)
+        while bias.dim() > 2:
+            bias = contract.sum_last(bias, self.order)
+        return bias
+
+    def backward_linear(self, A):
+        stream = self._streamed()
+        if stream is not None:
+            (A_in,) = streaming.backward_products(stream, [A], self.order)
+        else:
+            # A (..., N) @ W (N, K): contract over N with W.T as the (K, N) operand.
+            A_in = contract.matmul(A, self.param("weight").t().contiguous(), self.order)
+        return [A_in], self._bias_term(A)
+
+    def crown_backward(self, lA, uA, in_bounds, alpha=None):
+        stream = self._streamed()
+        if stream is None or uA is None or uA is lA:
+            return super().crown_backward(lA, uA, in_bounds, alpha)
+        l_in, u_in = streaming.backward_products(stream, [lA, uA], self.order)
+        return [l_in], [u_in], self._bias_term(lA), self._bias_term(uA)
 
 
 class Conv2d(Op):

@@ -4,6 +4,13 @@ In fsdp every parameter is split evenly over the P ranks as a flat, zero-padded 
 rank reads only the rows of weights.safetensors that cover its slice (safetensors slices are
 read lazily from the file), and `gather` all-gathers the slices into a contiguous tensor of the
 original layout right before a node uses it. The arithmetic is then exactly that of single mode.
+
+A whole gathered matrix is the one tensor whose size does not fall with P, so large matrices
+can also be streamed: `gather_block` rebuilds just a (rows x columns) block of it, each owner
+broadcasting the part of its flat slice that falls in the block. Nodes whose products are
+invariant to how the output is cut (the `blocked` and `exact` orders) use it in chunks of
+`--stream-chunk-kib` (plan.json's
+`stream_chunk_bytes`), so a rank never holds more than one chunk of any weight matrix.
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ import torch
 from safetensors import safe_open
 
 from shardbound.runtime.errors import ShardboundError
+
+STREAM_CHUNK_BYTES = 4 * 2 ** 20    # default: the most of one weight matrix a rank streams at once
 
 
 def shard_range(numel: int, rank: int, world: int) -> tuple[int, int, int]:
@@ -26,8 +35,9 @@ def shard_range(numel: int, rank: int, world: int) -> tuple[int, int, int]:
 class ShardedParam:
     """One rank's slice of a parameter; `gather()` rebuilds the whole tensor."""
 
-    def __init__(self, handle, key: str, comm, ledger):
+    def __init__(self, handle, key: str, comm, ledger, chunk_bytes: int = STREAM_CHUNK_BYTES):
         sl = handle.get_slice(key)
+        self.chunk_bytes = int(chunk_bytes)
         self.key = key
         self.shape = tuple(sl.get_shape())
         self.numel = math.prod(self.shape)
@@ -51,17 +61,71 @@ class ShardedParam:
     def release(self, full: torch.Tensor) -> None:
         self.ledger.add("gathered_param", -self._gathered_bytes())
 
+    # -- streaming: one block of a 2-D weight at a time ------------------------------------------
+    @property
+    def streams(self) -> bool:
+        """Whether products with this parameter should stream it in chunks: a 2-D weight
+        larger than one chunk, split over several ranks."""
+        return (self.comm.world > 1 and len(self.shape) == 2
+                and self.numel * 4 > self.chunk_bytes)
+
+    def row_chunks(self) -> list[tuple[int, int]]:
+        """Row ranges [r0, r1) of at most one chunk each (the same on every rank)."""
+        return _chunks(self.shape[0], max(1, self.chunk_bytes // 4 // self.shape[1]))
+
+    def column_chunks(self) -> list[tuple[int, int]]:
+        return _chunks(self.shape[1], max(1, self.chunk_bytes // 4 // self.shape[0]))
+
+    def gather_block(self, r0: int, r1: int, c0: int, c1: int) -> torch.Tensor:
+        """W[r0:r1, c0:c1] as a new contiguous tensor, on every rank (a collective).
+
+        In row-major order the block's elements have increasing flat index, so the elements
+        one rank owns form one contiguous segment of the block: each owner packs its segment
+        and broadcasts it straight into place."""
+        cols = self.shape[1]
+        width = c1 - c0
+        out = torch.empty((r1 - r0) * width, dtype=torch.float32, device=self.shard.device)
+        size = self.shard.numel()
+
+        def before(flat: int) -> int:
+            """How many block elements have a flat index below `flat`."""
+            row, col = divmod(min(max(flat, 0), self.numel), cols)
+            full = min(max(row - r0, 0), r1 - r0) * width
+            part = min(max(col - c0, 0), width) if r0 <= row < r1 else 0
+            return full + part
+
+        for owner in range(self.comm.world):
+            lo, hi = before(owner * size), before((owner + 1) * size)
+            if hi == lo:
+                continue
+            segment = out[lo:hi]
+            if owner == self.comm.rank:
+                pos = torch.arange(lo, hi, device=out.device)
+                flat = (r0 + pos // width) * cols + c0 + pos % width - owner * size
+                segment.copy_(self.shard[flat])
+            self.comm.broadcast_(segment, owner)
+        self.ledger.add("gathered_param", out.numel() * 4)
+        return out.reshape(r1 - r0, width)
+
+    def release_block(self, block: torch.Tensor) -> None:
+        self.ledger.add("gathered_param", -block.numel() * 4)
+
     def _gathered_bytes(self) -> int:
         # With one rank the "gathered" tensor is a view of the shard: no extra memory.
         return self.numel * 4 if self.comm.world > 1 else 0
 
 
-def open_params(path: str, mode: str, comm, ledger) -> dict:
+def _chunks(total: int, step: int) -> list[tuple[int, int]]:
+    return [(i, min(i + step, total)) for i in range(0, total, step)]
+
+
+def open_params(path: str, mode: str, comm, ledger,
+                chunk_bytes: int = STREAM_CHUNK_BYTES) -> dict:
     """The `params` mapping a program's build() takes."""
     try:
         with safe_open(path, framework="pt") as f:
             if mode == "fsdp":
-                return {k: ShardedParam(f, k, comm, ledger) for k in f.keys()}
+                return {k: ShardedParam(f, k, comm, ledger, chunk_bytes) for k in f.keys()}
             params = {k: f.get_tensor(k).to(comm.device) for k in f.keys()}
     except FileNotFoundError:
         raise ShardboundError(f"{path}: missing; recompile the model") from None
