@@ -24,7 +24,8 @@ The MLP is benchmarked under each method of --methods, the CNN under each of --c
 Each network is compiled three times into a temporary directory: single mode, fsdp mode (the
 default `blocked` summation: weights sharded AND the rows of every CROWN backward pass -- the
 neurons being bounded and the spec rows -- split over the ranks, with the alpha-CROWN alphas of
-a row owned by its rank) and fsdp with `--summation fast` (weights sharded, no row sharding:
+a row owned by its rank, and large linear weights streamed in blocks of at most 4 MiB instead
+of gathered whole, runtime/streaming.py) and fsdp with `--summation fast` (weights sharded, no row sharding:
 with `fast` the split would change bits, so it is off). A box of radius --eps around a seeded
 random point in [0, 1] is written, and `shardbound run` is started through subprocess
 (`sys.executable -m shardbound.compiler.cli run ... --threads 1 --method M`) once in single
@@ -33,9 +34,10 @@ row sharding is visible next to plain weight sharding.
 
 Per run the table shows the memory report of OUT.json (each figure the max over ranks):
 resident weight bytes; the peak of all tracked bytes (weights, gathered weights, CROWN
-A-matrices, bounds) and its ratio to single mode; the memory model's prediction of that peak
+A-matrices, bounds, and for alpha-CROWN the slopes with Adam's moments and the tensors the
+autograd graph saves) and its ratio to single mode; the memory model's prediction of that peak
 (`memory.predicted_peak_tracked_bytes`, runtime/memory_model.py; not modelled for
-alpha-CROWN) and predicted/measured; the peak of the A-matrices alone; peak RSS from the OS
+alpha-CROWN) and predicted/measured; the peaks of the A-matrices, of the gathered weights and of alpha + autograd alone; peak RSS from the OS
 (VmHWM); the bound time (OUT.json `seconds`) and its ratio to single; and whether
 bounds_sha256 equals single mode's (fsdp with blocked summation reproduces single mode bit for
 bit; fsdp fast sums in another order, so different bits are expected there).
@@ -256,9 +258,9 @@ def bench_table(kind, widths, method, args, work, prepared) -> None:
     print(f"\n### {model_desc(kind, widths)}, {method}; total weight bytes {total} "
           f"({total / MIB:.2f} MiB)\n")
     print("| mode | P | resident weights MiB | peak tracked MiB | x single | predicted MiB "
-          "| pred/meas | peak A-matrix MiB | peak RSS MiB | bound s | x single "
-          "| bounds = single |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+          "| pred/meas | peak A-matrix MiB | peak gathered MiB | peak alpha + autograd MiB "
+          "| peak RSS MiB | bound s | x single | bounds = single |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     ratios, errors = {}, []
     for compiled, label, p, r in rows:
         peak, pred = mem(r, "peak_tracked_bytes"), mem(r, "predicted_peak_tracked_bytes")
@@ -276,6 +278,8 @@ def bench_table(kind, widths, method, args, work, prepared) -> None:
         print(f"| {label} | {p} | {mem(r, 'resident_param_bytes') / MIB:.2f} "
               f"| {peak / MIB:.2f} | {peak / b_peak:.3f} | {pred_s} | {ratio_s} "
               f"| {mem(r, 'peak_a_matrix_bytes') / MIB:.2f} "
+              f"| {mem(r, 'peak_gathered_param_bytes') / MIB:.2f} "
+              f"| {(mem(r, 'peak_alpha_bytes') + mem(r, 'peak_autograd_bytes')) / MIB:.2f} "
               f"| {mem(r, 'peak_rss_bytes') / MIB:.1f} "
               f"| {float(r['seconds']):.3f} | {float(r['seconds']) / b_sec:.3f} | {same} |")
 

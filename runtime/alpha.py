@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from shardbound.runtime.ledger import SavedTensorCounter
+
 DEFAULT_ITERATIONS = 20
 DEFAULT_LR = 0.25
 
@@ -41,15 +43,31 @@ def alpha_crown(network, lower: torch.Tensor, upper: torch.Tensor, C=None,
                    for r in network.relu_nodes())
     if not alphas or not unstable:   # the same decision on every rank: bounds are identical
         return lb_all, ub
+    ledger = network.ledger
+    saved = SavedTensorCounter(ledger)
+    # Each slope tensor lives with Adam's two moment tensors of the same shape.
+    ledger.set("alpha", 3 * sum(a.numel() * a.element_size() for a in alphas.values()))
+    try:
+        best = _optimise(network, alphas, lb0, ibp, known, lower, upper, C, iterations, lr, saved)
+    finally:
+        saved.clear()
+        ledger.set("alpha", 0)
+    return network.rows.gather(best, S_all), ub
+
+
+def _optimise(network, alphas, lb0, ibp, known, lower, upper, C, iterations, lr, saved):
+    """Projected Adam on the slopes; the best lower bound per row over all iterations."""
     opt = torch.optim.Adam(list(alphas.values()), lr=lr, foreach=False)
     best = lb0.clone()
     for _ in range(iterations):
         opt.zero_grad(set_to_none=True)
         with torch.enable_grad():    # callers may run under no_grad
-            lb, _ = network.final_crown(ibp, known, lower, upper, C, alphas, lower_only=True,
-                                        gather=False)
+            with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+                lb, _ = network.final_crown(ibp, known, lower, upper, C, alphas,
+                                            lower_only=True, gather=False)
             if lb.requires_grad and lb.numel():   # a rank may own no spec rows
                 (-lb.sum()).backward()
+        saved.clear()
         best = torch.maximum(best, lb.detach())
         opt.step()
         with torch.no_grad():
@@ -59,4 +77,4 @@ def alpha_crown(network, lower: torch.Tensor, upper: torch.Tensor, C=None,
         lb, _ = network.final_crown(ibp, known, lower, upper, C, alphas, lower_only=True,
                                     gather=False)
         best = torch.maximum(best, lb)
-    return network.rows.gather(best, S_all), ub
+    return best

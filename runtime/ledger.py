@@ -2,7 +2,9 @@
 
 Categories: `resident_param` (what a rank holds of the weights between uses: everything in
 single mode, its 1/P shards in fsdp), `gathered_param` (full parameters gathered for one node),
-`a_matrix` (live CROWN A-matrices) and `bounds` (intermediate bounds and IBP tensors). The
+`a_matrix` (live CROWN A-matrices), `bounds` (intermediate bounds and IBP tensors), and for
+alpha-CROWN `alpha` (the slopes with the optimiser's two moment tensors) and `autograd` (what
+the autograd graph saves for the gradient: mostly earlier A-matrices and slopes). The
 tracked peak is the peak of the sum; peak RSS comes from the OS, so single and sharded runs
 compare directly.
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 import resource
 import sys
 
-CATEGORIES = ("resident_param", "gathered_param", "a_matrix", "bounds")
+CATEGORIES = ("resident_param", "gathered_param", "a_matrix", "bounds", "alpha", "autograd")
 
 
 class MemoryLedger:
@@ -41,6 +43,8 @@ class MemoryLedger:
                 "peak_gathered_param_bytes": self.peak["gathered_param"],
                 "peak_a_matrix_bytes": self.peak["a_matrix"],
                 "peak_bounds_bytes": self.peak["bounds"],
+                "peak_alpha_bytes": self.peak["alpha"],
+                "peak_autograd_bytes": self.peak["autograd"],
                 "peak_rss_bytes": peak_rss_bytes()}
 
 
@@ -69,6 +73,30 @@ def tensor_bytes(tensors) -> int:
             seen.add(key)
             total += key[1]
     return total
+
+
+class SavedTensorCounter:
+    """Counts, in the ledger's `autograd` category, the distinct storages the autograd graph
+    saves while it is built (a saved_tensors_hooks pack hook); `clear` when the graph is gone."""
+
+    def __init__(self, ledger: MemoryLedger):
+        self.ledger = ledger
+        self.seen: dict[int, int] = {}
+
+    def pack(self, t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in self.seen:
+            self.seen[storage.data_ptr()] = storage.nbytes()
+            self.ledger.set("autograd", sum(self.seen.values()))
+        return t
+
+    @staticmethod
+    def unpack(t):
+        return t
+
+    def clear(self) -> None:
+        self.seen.clear()
+        self.ledger.set("autograd", 0)
 
 
 def max_over_ranks(reports: list[dict]) -> dict:
