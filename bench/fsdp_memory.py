@@ -37,7 +37,8 @@ resident weight bytes; the peak of all tracked bytes (weights, gathered weights,
 A-matrices, bounds, and for alpha-CROWN the slopes with Adam's moments and the tensors the
 autograd graph saves) and its ratio to single mode; the memory model's prediction of that peak
 (`memory.predicted_peak_tracked_bytes`, runtime/memory_model.py; not modelled for
-alpha-CROWN) and predicted/measured; the peaks of the A-matrices, of the gathered weights and of alpha + autograd alone; peak RSS from the OS
+alpha-CROWN) and predicted/measured; the peaks of the A-matrices, of the gathered weights
+and of alpha + autograd alone; peak RSS from the OS
 (VmHWM); the bound time (OUT.json `seconds`) and its ratio to single; and whether
 bounds_sha256 equals single mode's (fsdp with blocked summation reproduces single mode bit for
 bit; fsdp fast sums in another order, so different bits are expected there).

@@ -11,7 +11,7 @@ import os
 import sys
 
 from shardbound.compiler.errors import ShardboundError
-from shardbound.compiler.verify_cmd import add_verify_arguments, run_verify
+from shardbound.compiler.verify_cmd import add_verify_arguments, positive_int, run_verify
 from shardbound.runtime.main import ArgumentParser, add_run_arguments, guarded
 
 MODES = ("single", "fsdp")
@@ -26,16 +26,6 @@ def _add_compile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
 def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=MODES, default="single",
                    help="sharding mode (default single)")
@@ -47,7 +37,7 @@ def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
                    help="summation order of every contraction: blocked (default; the same bits "
                         "for any thread count and rank count), exact (correctly rounded: the "
                         "same bits on any BLAS or device), fast (plain BLAS; run-to-run only)")
-    p.add_argument("--stream-chunk-kib", type=_positive_int, default=4096, metavar="KIB",
+    p.add_argument("--stream-chunk-kib", type=positive_int, default=4096, metavar="KIB",
                    help="fsdp with blocked/exact: gather large weight matrices in blocks of at "
                         "most this many KiB instead of whole (default 4096)")
 
