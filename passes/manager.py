@@ -24,6 +24,7 @@ class PassOptions:
     intermediate: str = "crown"        # how nodes feeding a ReLU are bounded under CROWN
     summation: str = "blocked"
     nproc: int = 1                     # the world size `inspect` predicts memory for
+    tp_intermediate: str = "ibp"       # tp: how zone nodes feeding a ReLU are bounded
 
 
 @dataclass(frozen=True)

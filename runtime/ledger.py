@@ -2,7 +2,8 @@
 
 Categories: `resident_param` (what a rank holds of the weights between uses: everything in
 single mode, its 1/P shards in fsdp), `gathered_param` (full parameters gathered for one node),
-`a_matrix` (live CROWN A-matrices) and `bounds` (intermediate bounds and IBP tensors). The
+`a_matrix` (live CROWN A-matrices), `bounds` (intermediate bounds and IBP tensors) and
+`collective` (tp: send and receive buffers of the reduction of Partial tensors). The
 tracked peak is the peak of the sum; peak RSS comes from the OS, so single and sharded runs
 compare directly.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import resource
 import sys
 
-CATEGORIES = ("resident_param", "gathered_param", "a_matrix", "bounds")
+CATEGORIES = ("resident_param", "gathered_param", "a_matrix", "bounds", "collective")
 
 
 class MemoryLedger:
@@ -41,6 +42,7 @@ class MemoryLedger:
                 "peak_gathered_param_bytes": self.peak["gathered_param"],
                 "peak_a_matrix_bytes": self.peak["a_matrix"],
                 "peak_bounds_bytes": self.peak["bounds"],
+                "peak_collective_bytes": self.peak["collective"],
                 "peak_rss_bytes": peak_rss_bytes()}
 
 

@@ -123,7 +123,10 @@ class Network:
                                 self.order)
 
     def crown_node(self, node: Op, lower, upper, known) -> Bounds:
-        """CROWN bounds of every neuron of `node` (an identity A-matrix), reshaped to it."""
+        """CROWN bounds of every neuron of `node` (an identity A-matrix), reshaped to it. A tp
+        zone node (holding a slice of its neurons) bounds its own slice (runtime.tp)."""
+        if hasattr(node, "crown_bounds"):
+            return node.crown_bounds(self, lower, upper, known)
         B = lower.shape[0]
         size = math.prod(node.shape)
         a, b = self.rows.my_range(size)
@@ -210,6 +213,10 @@ class Network:
             return self.crown(lower, upper, C)
         if method == "alpha-crown":
             from shardbound.runtime.alpha import alpha_crown
+
+            if getattr(self, "tp", None) is not None:
+                raise ShardboundError("alpha-crown is not supported in tp mode yet; use "
+                                      "--method crown, or compile with --mode single or fsdp")
 
             return alpha_crown(self, lower, upper, C)
         raise ShardboundError(f"unknown bound method {method!r}; choose one of {', '.join(METHODS)}")
