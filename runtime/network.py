@@ -39,6 +39,9 @@ class Network:
         self.ledger = MemoryLedger()
         self.rows = RowSplit()          # the loader enables row sharding in fsdp runs
         self.device = torch.device("cpu")   # where parameters live (the loader may move them)
+        # tp sets this: "ibp" intermediate bounds start from the tightest bounds known so far
+        # (CROWN-tightened ones included) instead of the plain IBP pass from the input box.
+        self.refine_ibp = False
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -77,16 +80,25 @@ class Network:
         """(IBP bounds of every node, planned bounds of the nodes that feed ReLUs)."""
         ibp = self.ibp_all(lower, upper)
         known: dict[str, Bounds] = {}
+        refined: dict[str, Bounds] = {}
         for n in self.nodes:
+            if self.refine_ibp:
+                refined[n.name] = (n.ibp(*(refined[i] for i in n.inputs)) if n.inputs
+                                   else (lower, upper))
+                n.release()
             how = self.intermediate.get(n.name)
             if how is None or n is self.input:
                 continue
             if how == "ibp":
-                known[n.name] = ibp[n.name]
+                known[n.name] = (_intersect(refined[n.name], ibp[n.name]) if self.refine_ibp
+                                 else ibp[n.name])
             else:
                 known[n.name] = _intersect(self.crown_node(n, lower, upper, known), ibp[n.name])
+            if self.refine_ibp:
+                refined[n.name] = known[n.name]
             self.ledger.set("bounds", tensor_bytes(
-                [t for b in ibp.values() for t in b] + [t for b in known.values() for t in b]))
+                [t for b in ibp.values() for t in b] + [t for b in known.values() for t in b]
+                + [t for b in refined.values() for t in b]))
         return ibp, known
 
     def final_crown(self, ibp, known, lower, upper, C=None, alphas=None, input_A=None,

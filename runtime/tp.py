@@ -281,6 +281,7 @@ def build_network(module, path: str, comm, ledger, order: str):
             if isinstance(t, torch.Tensor):
                 n.params[role] = t.to(comm.device)
     network.tp = ctx
+    network.refine_ibp = True
     return network
 
 

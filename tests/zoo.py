@@ -219,7 +219,7 @@ def tp_cnn(rng, channels=260):
 
 TP_ZOO = {
     "tp_linear_zone": tp_linear_zone,
-    "tp_mlp1": lambda rng: tp_mlp(rng, 1),
+    "tp_mlp1": lambda rng: tp_mlp(rng, 1, hidden=1024),
     "tp_mlp2": lambda rng: tp_mlp(rng, 2),
     "tp_mlp3": lambda rng: tp_mlp(rng, 3),
     "tp_cnn": tp_cnn,
