@@ -58,16 +58,26 @@ class Reduction:
         """Full `sum(a * b, -1)` from this rank's slices (b broadcast against a)."""
         raise NotImplementedError
 
-    def _gathered(self, buf: torch.Tensor, finish):
-        """finish((P, *shape) gathered from every rank's buf); the send and receive buffers
-        are on the ledger ("collective") while they live."""
-        nbytes = buf.numel() * buf.element_size() * (self.comm.world + 1)
+    def _gathered(self, buf: torch.Tensor, finish) -> torch.Tensor:
+        """Reduce buf (count, *shape) -- count partials per rank -- elementwise across ranks:
+        finish(every (P, count, n)) -> (n,). The output is cut into P column chunks, gathered
+        one at a time, so the receive buffer is ~1/P of what one all-gather would need (P
+        times the output); the send and receive buffers are on the ledger ("collective")."""
+        P, count, shape = self.comm.world, buf.shape[0], buf.shape[1:]
+        M = math.prod(shape)
+        flat = buf.reshape(count, M)
+        step = max(1, -(-M // P))
+        out = torch.empty(M, dtype=buf.dtype, device=buf.device)
+        nbytes = (count * M + P * count * step) * buf.element_size()
         self.ledger.add("collective", nbytes)
         try:
-            every = self.comm.all_gather_flat(buf.reshape(-1))
-            return finish(every.reshape(self.comm.world, *buf.shape))
+            for m0 in range(0, M, step):
+                part = flat[:, m0:m0 + step].contiguous()
+                every = self.comm.all_gather_flat(part.reshape(-1)).reshape(P, count, -1)
+                out[m0:m0 + part.shape[1]] = finish(every)
         finally:
             self.ledger.add("collective", -nbytes)
+        return out.reshape(shape)
 
 
 class BlockedReduction(Reduction):
@@ -139,12 +149,12 @@ class FastReduction(Reduction):
 
     def _sum(self, part):
         def finish(every):
-            total = every[0]
+            total = every[0, 0]
             for r in range(1, every.shape[0]):
-                total = total + every[r]
+                total = total + every[r, 0]
             return total
 
-        return self._gathered(part.contiguous(), finish)
+        return self._gathered(part.unsqueeze(0), finish)
 
 
 REDUCTIONS = {cls.name: cls for cls in (BlockedReduction, FastReduction)}
