@@ -2,7 +2,8 @@
 
 Usage:
     python bench/tp_memory.py [--wide 512-4096-512-10] [--zones3 128-2048-128-2048-128-2048-128-10]
-                              [--nprocs 2,4] [--seed 0] [--eps 0.05]
+                              [--nprocs 2,4] [--seed 0] [--eps 0.05] [--models wide,zones3]
+                              [--variants tp,tp-crown]
 
 Two MLPs are built in code with onnx.helper (Gemm transB=1 + Relu; weights fixed by --seed):
 - wide: one zone (column 512->4096, ReLU, row 4096->512), then a replicated ReLU and 512->10;
@@ -100,7 +101,7 @@ def bench_model(label, widths, args, tmp):
     box = os.path.join(tmp, f"{label}_box.json")
     with open(box, "w") as f:
         json.dump({"lower": (center - args.eps).tolist(), "upper": (center + args.eps).tolist()}, f)
-    runs = [("single", 1)] + [(v, P) for v in ("tp", "tp-crown") for P in [1, *args.nprocs]]
+    runs = [("single", 1)] + [(v, P) for v in args.variants for P in [1, *args.nprocs]]
     results = {}
     for name, P in runs:
         results[(name, P)] = run_once(os.path.join(tmp, f"{label}_{name}"), box,
@@ -126,7 +127,7 @@ def bench_model(label, widths, args, tmp):
               f"{'yes' if r['bounds_sha256'] == ref['bounds_sha256'] else 'no'} |")
     for P, target in TARGET.items():
         if P in args.nprocs:
-            got = ", ".join(f"{v} {cuts[(v, P)]:.2f}x" for v in ("tp", "tp-crown"))
+            got = ", ".join(f"{v} {cuts[(v, P)]:.2f}x" for v in args.variants)
             print(f"target P={P}: peak-memory cut >= {target}x; measured {got}")
     print(f"single mode: {ref['seconds']:.2f} s, peak tracked "
           f"{ref['memory']['peak_tracked_bytes'] / MIB:.2f} MiB ({PUBLISHED})")
@@ -139,11 +140,15 @@ def main(argv=None):
     p.add_argument("--nprocs", default="2,4")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eps", type=float, default=0.05)
+    p.add_argument("--models", default="wide,zones3")
+    p.add_argument("--variants", default="tp,tp-crown")
     args = p.parse_args(argv)
+    args.variants = args.variants.split(",")
     args.nprocs = [int(x) for x in args.nprocs.split(",") if int(x) > 1]
     with tempfile.TemporaryDirectory() as tmp:
         for label, spec in (("wide", args.wide), ("zones3", args.zones3)):
-            bench_model(label, [int(w) for w in spec.split("-")], args, tmp)
+            if label in args.models.split(","):
+                bench_model(label, [int(w) for w in spec.split("-")], args, tmp)
 
 
 if __name__ == "__main__":

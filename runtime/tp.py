@@ -303,12 +303,25 @@ def crown_zone_node(network, node: ShardOutput, lower, upper, known):
         finally:
             node.ctx.rows_local = False
         return lo.reshape(B, *local_shape), hi.reshape(B, *local_shape)
+    # All rows, this rank's columns, in P row tiles (the same tiles on every rank, so the
+    # collectives match): the replicated parts of the A-matrices (at nodes outside the zone)
+    # and the reduction buffers then fall with P too. Row tiles do not change bits: every
+    # kernel's rows are independent.
     full = math.prod(node.full_shape)
     offset = node.red.c0 * spatial(node.full_shape)
-    eye = torch.zeros(full, n, dtype=lower.dtype, device=lower.device)
-    idx = torch.arange(n, device=lower.device)
-    eye[idx + offset, idx] = 1
-    eye = eye.reshape(full, *local_shape)
-    lo, hi = network.backward(node, eye.unsqueeze(0).expand(B, *eye.shape), lower, upper, known)
-    return (lo[:, offset:offset + n].reshape(B, *local_shape),
-            hi[:, offset:offset + n].reshape(B, *local_shape))
+    tile = -(-full // node.ctx.comm.world)
+    los, his = [], []
+    for s0 in range(0, full, tile):
+        s1 = min(s0 + tile, full)
+        r0 = max(s0, offset)                    # this rank's neurons among the tile's rows
+        r1 = max(r0, min(s1, offset + n))
+        eye = torch.zeros(s1 - s0, n, dtype=lower.dtype, device=lower.device)
+        rows = torch.arange(r0, r1, device=lower.device)
+        eye[rows - s0, rows - offset] = 1
+        eye = eye.reshape(s1 - s0, *local_shape)
+        lo, hi = network.backward(node, eye.unsqueeze(0).expand(B, *eye.shape), lower, upper,
+                                  known)
+        los.append(lo[:, r0 - s0:r1 - s0])
+        his.append(hi[:, r0 - s0:r1 - s0])
+    return (torch.cat(los, dim=1).reshape(B, *local_shape),
+            torch.cat(his, dim=1).reshape(B, *local_shape))
