@@ -14,7 +14,7 @@ tests whose file is already up to date pass. Review the diff of tests/golden/ af
 
 Determinism: compiling the same model three times (two processes with different hash seeds,
 and this one) gives byte-identical program.py, plan.json and weights.safetensors for every zoo
-model, and no file written by the compiler holds an absolute path.
+model, in single and tp mode, and no file written by the compiler holds an absolute path.
 """
 
 from __future__ import annotations
@@ -107,6 +107,7 @@ from shardbound.passes.manager import PassOptions
 src, out = sys.argv[1], sys.argv[2]
 for name in sys.argv[3:]:
     compile_model(f"{src}/{name}.onnx", f"{out}/{name}", PassOptions())
+    compile_model(f"{src}/{name}.onnx", f"{out}/{name}_tp", PassOptions(mode="tp"))
 """
 
 
@@ -142,6 +143,8 @@ def test_compile_is_deterministic_and_has_no_absolute_paths(tmp_path):
 
     for name in names:
         compile_model(str(src / f"{name}.onnx"), str(tmp_path / "out3" / name), PassOptions())
+        compile_model(str(src / f"{name}.onnx"), str(tmp_path / "out3" / f"{name}_tp"),
+                      PassOptions(mode="tp"))
     a = _digests(tmp_path / "out1")
     for name in names:
         for f in ("program.py", "plan.json", "weights.safetensors"):
