@@ -49,7 +49,6 @@ PUBLISHED = "published TP: 1.985x peak-memory cut at P=2, multi-zone bounds far 
 
 def build_mlp(widths, seed):
     import numpy as np
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)

@@ -83,7 +83,6 @@ class ZoneOp:
         return (slice(self.red.c0, self.red.c1),)
 
 
-
 class ShardOutput(ZoneOp):
     """A zone op whose output is Shard(0): the column layer and the elementwise ops."""
 
