@@ -81,8 +81,9 @@ class Network:
         ibp = self.ibp_all(lower, upper)
         known: dict[str, Bounds] = {}
         refined: dict[str, Bounds] = {}
+        refine = self.refine_ibp and "ibp" in self.intermediate.values()
         for n in self.nodes:
-            if self.refine_ibp:
+            if refine:
                 refined[n.name] = (n.ibp(*(refined[i] for i in n.inputs)) if n.inputs
                                    else (lower, upper))
                 n.release()
@@ -90,11 +91,11 @@ class Network:
             if how is None or n is self.input:
                 continue
             if how == "ibp":
-                known[n.name] = (_intersect(refined[n.name], ibp[n.name]) if self.refine_ibp
+                known[n.name] = (_intersect(refined[n.name], ibp[n.name]) if refine
                                  else ibp[n.name])
             else:
                 known[n.name] = _intersect(self.crown_node(n, lower, upper, known), ibp[n.name])
-            if self.refine_ibp:
+            if refine:
                 refined[n.name] = known[n.name]
             self.ledger.set("bounds", tensor_bytes(
                 [t for b in ibp.values() for t in b] + [t for b in known.values() for t in b]
