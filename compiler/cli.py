@@ -14,7 +14,8 @@ from shardbound.compiler.errors import ShardboundError
 from shardbound.compiler.verify_cmd import add_verify_arguments, positive_int, run_verify
 from shardbound.runtime.main import ArgumentParser, add_run_arguments, guarded
 
-MODES = ("single", "fsdp")
+MODES = ("single", "fsdp", "tp")
+VERIFY_MODES = ("single", "fsdp")
 SUMMATIONS = ("blocked", "exact", "fast")
 
 
@@ -40,14 +41,21 @@ def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stream-chunk-kib", type=positive_int, default=4096, metavar="KIB",
                    help="fsdp with blocked/exact: gather large weight matrices in blocks of at "
                         "most this many KiB instead of whole (default 4096)")
+    p.add_argument("--tp-intermediate", choices=("ibp", "crown"), default="ibp",
+                   help="tp mode: intermediate bounds of zone nodes by ibp (default; local, no "
+                        "communication, looser) or crown (collectives; single mode's bounds)")
 
 
 def _options(args):
     from shardbound.passes.manager import PassOptions
 
+    nproc = getattr(args, "nproc", 1)
+    if nproc < 1:
+        raise ShardboundError(f"--nproc must be at least 1, got {nproc}")
     return PassOptions(mode=args.mode, method=args.method, intermediate=args.intermediate,
-                       summation=args.summation, nproc=getattr(args, "nproc", 1),
-                       stream_chunk_bytes=args.stream_chunk_kib * 1024)
+                       summation=args.summation, nproc=nproc,
+                       stream_chunk_bytes=args.stream_chunk_kib * 1024,
+                       tp_intermediate=args.tp_intermediate)
 
 
 def _compile(args) -> int:
@@ -92,14 +100,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="launch P ranks on this machine (gloo on CPU); default 1")
     p.set_defaults(fn=_run)
     p = sub.add_parser("verify", help="verify a VNN-LIB property: sat, unsat, unknown or timeout")
-    add_verify_arguments(p, MODES)
+    add_verify_arguments(p, VERIFY_MODES)
     p.set_defaults(fn=run_verify)
     p = sub.add_parser("inspect", help="print the bound IR of a model, one line per node")
     p.add_argument("model", metavar="MODEL.onnx")
     _add_plan_arguments(p)
     p.add_argument("--raw", action="store_true", help="the IR as imported, before any pass")
     p.add_argument("--nproc", type=int, default=1, metavar="P",
-                   help="also predict per-rank memory for P ranks (fsdp)")
+                   help="also predict per-rank memory for P ranks (fsdp) or show each "
+                        "zone's channel split over P ranks (tp)")
     p.set_defaults(fn=_inspect)
     return parser
 

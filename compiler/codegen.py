@@ -64,6 +64,7 @@ class NodeView:
     """What the template needs of one node (all fields already safe to render)."""
     name: str
     op: str
+    module: str                 # "ops", or "tp" for the zone ops of a tp program
     cls: str
     inputs: tuple[str, ...]
     in_shapes: tuple[tuple[int, ...], ...]
@@ -88,6 +89,20 @@ def _notes(graph: Graph, name: str) -> tuple[str, ...]:
     return tuple(notes)
 
 
+def _op_class(graph: Graph, n) -> tuple[str, str, tuple]:
+    """(module, class name, extra attributes): a tp zone node gets its zone op (registry in
+    runtime.tp) and the zone facts; every other node its plain op."""
+    place = graph.annotation("tp", n.name)
+    role = getattr(place, "role", "replicate")
+    if role == "replicate":
+        return "ops", OP_TYPES[n.op].__name__, ()
+    from shardbound.runtime.tp import ZONE_OPS
+
+    extra = (("tp_zone", place.zone), ("tp_channels", place.channels),
+             ("tp_local_rows", place.local_rows))
+    return "tp", ZONE_OPS[(n.op, role)].__name__, extra
+
+
 def node_views(graph: Graph) -> list[NodeView]:
     shapes = {n.name: n.shape for n in graph.nodes}
     views = []
@@ -95,10 +110,11 @@ def node_views(graph: Graph) -> list[NodeView]:
         for ident in (n.name, *n.inputs, *(k for _, k in n.params)):
             if not is_identifier(ident.replace(".", "_")):
                 raise ValueError(f"unsafe identifier {ident!r} reached codegen")
+        module, cls, extra = _op_class(graph, n)
         views.append(NodeView(
-            name=n.name, op=n.op, cls=OP_TYPES[n.op].__name__, inputs=n.inputs,
+            name=n.name, op=n.op, module=module, cls=cls, inputs=n.inputs,
             in_shapes=tuple(shapes[i] for i in n.inputs) if n.inputs else (n.shape,),
-            shape=n.shape, params=n.params, attrs=n.attrs, origin=n.origin,
+            shape=n.shape, params=n.params, attrs=n.attrs + extra, origin=n.origin,
             notes=_notes(graph, n.name)))
     return views
 
@@ -108,6 +124,7 @@ def render_program(graph: Graph, options) -> str:
     return _environment().get_template("program.py.j2").render(
         version=shardbound.__version__, source=graph.source, mode=options.mode,
         method=options.method, intermediate=options.intermediate, summation=options.summation,
+        tp_intermediate=options.tp_intermediate,
         nodes=node_views(graph), tensors=tensors, output=graph.output,
         input_shape=graph.input.shape, output_shape=graph.node(graph.output).shape,
         param_count=sum(int(v.size) for v in tensors.values()),
@@ -116,7 +133,7 @@ def render_program(graph: Graph, options) -> str:
 
 
 def plan_dict(graph: Graph, options, passes: list[str]) -> dict:
-    return {
+    plan = {
         "format": PLAN_FORMAT,
         "shardbound_version": shardbound.__version__,
         "source": graph.source,
@@ -133,6 +150,9 @@ def plan_dict(graph: Graph, options, passes: list[str]) -> dict:
                                    if n.name in v}}
                   for n in graph.nodes],
     }
+    if options.mode == "tp":
+        plan["tp_intermediate"] = options.tp_intermediate
+    return plan
 
 
 def write_program(graph: Graph, options, passes: list[str], out_dir: str) -> None:

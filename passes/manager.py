@@ -25,6 +25,7 @@ class PassOptions:
     summation: str = "blocked"
     nproc: int = 1                     # the world size `inspect` predicts memory for
     stream_chunk_bytes: int = 4 * 2 ** 20   # fsdp: the most of one weight a rank gathers at once
+    tp_intermediate: str = "ibp"       # tp: how zone nodes feeding a ReLU are bounded
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,9 @@ def _mib(b: int) -> str:
 
 
 def memory_plan(graph: Graph, options) -> Graph:
+    if options.mode == "tp":
+        return graph.annotate("memory", {graph.input.name: "tp: not modelled (bench/tp_memory.py "
+                                                           "measures per-rank memory)"})
     shapes = _shapes(graph)
     fsdp = options.mode == "fsdp"
     shard_rows = (options.summation != "fast") if fsdp else None

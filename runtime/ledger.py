@@ -2,7 +2,8 @@
 
 Categories: `resident_param` (what a rank holds of the weights between uses: everything in
 single mode, its 1/P shards in fsdp), `gathered_param` (full parameters gathered for one node),
-`a_matrix` (live CROWN A-matrices), `bounds` (intermediate bounds and IBP tensors), and for
+`a_matrix` (live CROWN A-matrices), `bounds` (intermediate bounds and IBP tensors),
+`collective` (tp: send and receive buffers of the reduction of Partial tensors), and for
 alpha-CROWN `alpha` (the slopes with the optimiser's two moment tensors) and `autograd` (what
 the autograd graph saves for the gradient: mostly earlier A-matrices and slopes). The
 tracked peak is the peak of the sum; peak RSS comes from the OS, so single and sharded runs
@@ -14,7 +15,8 @@ from __future__ import annotations
 import resource
 import sys
 
-CATEGORIES = ("resident_param", "gathered_param", "a_matrix", "bounds", "alpha", "autograd")
+CATEGORIES = ("resident_param", "gathered_param", "a_matrix", "bounds", "collective", "alpha",
+              "autograd")
 
 
 class MemoryLedger:
@@ -43,6 +45,7 @@ class MemoryLedger:
                 "peak_gathered_param_bytes": self.peak["gathered_param"],
                 "peak_a_matrix_bytes": self.peak["a_matrix"],
                 "peak_bounds_bytes": self.peak["bounds"],
+                "peak_collective_bytes": self.peak["collective"],
                 "peak_alpha_bytes": self.peak["alpha"],
                 "peak_autograd_bytes": self.peak["autograd"],
                 "peak_rss_bytes": peak_rss_bytes()}

@@ -125,10 +125,15 @@ def load(directory: str, summation: str | None = None, comm=None) -> Verifier:
     module = import_program(directory)
     comm = comm or SingleComm()
     ledger = MemoryLedger()
-    params = open_params(os.path.join(directory, "weights.safetensors"), plan["mode"], comm, ledger,
-                         stream_chunk_bytes(plan))
+    weights = os.path.join(directory, "weights.safetensors")
     try:
-        network = module.build(params, order=summation or module.SUMMATION)
+        if plan["mode"] == "tp":        # each rank reads only its slices of zone weights
+            from shardbound.runtime.tp import build_network
+
+            network = build_network(module, weights, comm, ledger, summation or module.SUMMATION)
+        else:
+            params = open_params(weights, plan["mode"], comm, ledger, stream_chunk_bytes(plan))
+            network = module.build(params, order=summation or module.SUMMATION)
     except KeyError as e:
         raise ShardboundError(f"{os.path.join(directory, 'weights.safetensors')}: tensor "
                               f"{e.args[0]!r} that program.py needs is missing; recompile "

@@ -139,8 +139,8 @@ def predicted_peak(verifier, comm, method: str, lb) -> int | None:
     from shardbound.runtime.loader import stream_chunk_bytes
     from shardbound.runtime.memory_model import network_shapes, predict_peak
 
-    if method not in ("ibp", "crown"):
-        return None
+    if method not in ("ibp", "crown") or verifier.plan["mode"] == "tp":
+        return None                     # tp: not modelled (bench/tp_memory.py measures it)
     net = verifier.network
     fsdp = verifier.plan["mode"] == "fsdp"
     pred = predict_peak(network_shapes(net), net.output.name, comm.world,

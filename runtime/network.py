@@ -39,6 +39,9 @@ class Network:
         self.ledger = MemoryLedger()
         self.rows = RowSplit()          # the loader enables row sharding in fsdp runs
         self.device = torch.device("cpu")   # where parameters live (the loader may move them)
+        # tp sets this: "ibp" intermediate bounds start from the tightest bounds known so far
+        # (CROWN-tightened ones included) instead of the plain IBP pass from the input box.
+        self.refine_ibp = False
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -77,16 +80,26 @@ class Network:
         """(IBP bounds of every node, planned bounds of the nodes that feed ReLUs)."""
         ibp = self.ibp_all(lower, upper)
         known: dict[str, Bounds] = {}
+        refined: dict[str, Bounds] = {}
+        refine = self.refine_ibp and "ibp" in self.intermediate.values()
         for n in self.nodes:
+            if refine:
+                refined[n.name] = (n.ibp(*(refined[i] for i in n.inputs)) if n.inputs
+                                   else (lower, upper))
+                n.release()
             how = self.intermediate.get(n.name)
             if how is None or n is self.input:
                 continue
             if how == "ibp":
-                known[n.name] = ibp[n.name]
+                known[n.name] = (_intersect(refined[n.name], ibp[n.name]) if refine
+                                 else ibp[n.name])
             else:
                 known[n.name] = _intersect(self.crown_node(n, lower, upper, known), ibp[n.name])
+            if refine:
+                refined[n.name] = known[n.name]
             self.ledger.set("bounds", tensor_bytes(
-                [t for b in ibp.values() for t in b] + [t for b in known.values() for t in b]))
+                [t for b in ibp.values() for t in b] + [t for b in known.values() for t in b]
+                + [t for b in refined.values() for t in b]))
         return ibp, known
 
     def final_crown(self, ibp, known, lower, upper, C=None, alphas=None, input_A=None,
@@ -123,7 +136,10 @@ class Network:
                                 self.order)
 
     def crown_node(self, node: Op, lower, upper, known) -> Bounds:
-        """CROWN bounds of every neuron of `node` (an identity A-matrix), reshaped to it."""
+        """CROWN bounds of every neuron of `node` (an identity A-matrix), reshaped to it. A tp
+        zone node (holding a slice of its neurons) bounds its own slice (runtime.tp)."""
+        if hasattr(node, "crown_bounds"):
+            return node.crown_bounds(self, lower, upper, known)
         B = lower.shape[0]
         size = math.prod(node.shape)
         a, b = self.rows.my_range(size)
@@ -213,6 +229,10 @@ class Network:
             return self.crown(lower, upper, C)
         if method == "alpha-crown":
             from shardbound.runtime.alpha import alpha_crown
+
+            if getattr(self, "tp", None) is not None:
+                raise ShardboundError("alpha-crown is not supported in tp mode yet; use "
+                                      "--method crown, or compile with --mode single or fsdp")
 
             return alpha_crown(self, lower, upper, C)
         raise ShardboundError(f"unknown bound method {method!r}; choose one of {', '.join(METHODS)}")

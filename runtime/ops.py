@@ -88,6 +88,11 @@ class Op:
         return l_in, u_in, l_bias, u_bias
 
     # -- helpers -------------------------------------------------------------------------
+    def _dot(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """sum(a * b, -1) over this node's own elements (bias terms of the backward pass); tp
+        zone nodes, which hold a slice of those elements, finish it across ranks."""
+        return contract.dot_last(a, b, self.order)
+
     def _rows(self, A: torch.Tensor) -> tuple[int, int]:
         return A.shape[0], A.shape[1]
 
@@ -153,7 +158,7 @@ class Linear(Op):
         b = self.param("bias")
         if b is None:
             return None
-        bias = contract.dot_last(A, b, self.order)
+        bias = self._dot(A, b)
         while bias.dim() > 2:
             bias = contract.sum_last(bias, self.order)
         return bias
@@ -311,7 +316,7 @@ class Affine(Op):
         bias = None
         if t is not None:
             full = t.expand(self.shape).reshape(-1)
-            bias = contract.dot_last(A.reshape(B, S, full.numel()), full, self.order)
+            bias = self._dot(A.reshape(B, S, full.numel()), full)
         return [A_in], bias
 
 
@@ -427,7 +432,7 @@ class Relu(Op):
             pos = A.clamp(min=0)
             A_in = A * neg_slope + pos * (pos_slope - neg_slope)
             coef = pos if pos_bias else A - pos
-            bias = contract.dot_last(coef.reshape(B, S, icpt_flat.shape[-1]), icpt_flat, self.order)
+            bias = self._dot(coef.reshape(B, S, icpt_flat.shape[-1]), icpt_flat)
             return A_in, bias
 
         # Lower bound: positive coefficients take the lower line, negative the upper line.

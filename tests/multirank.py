@@ -19,14 +19,14 @@ def compile_to(model_path: str, out_dir: str, **options) -> str:
     return out_dir
 
 
-def run_job(tmp_path, entries, methods, nproc, threads=1, tag="job") -> dict:
+def run_job(tmp_path, entries, methods, nproc, threads=1, tag="job", bounds=False) -> dict:
     """Results of tests/rank_driver.py run on `nproc` ranks: {(dir, method): result}."""
     from shardbound.runtime.launch import launch
 
     job = tmp_path / f"{tag}_{nproc}.json"
     out = tmp_path / f"{tag}_{nproc}_out.json"
     job.write_text(json.dumps({"entries": entries, "methods": methods, "threads": threads,
-                               "timeout": 180}))
+                               "timeout": 180, "bounds": bounds}))
     if nproc == 1:
         from rank_driver import main
 

@@ -1,7 +1,8 @@
 """Run as every rank of a multi-process test job (launched by shardbound.runtime.launch).
 
 argv: JOB.json OUT.json. JOB lists {"dir", "lower", "upper"} entries and "methods"; rank 0
-writes, per entry and method, the bounds_sha256 and the memory ledger (max over ranks).
+writes, per entry and method, the bounds_sha256 and the memory ledger (max over ranks), and
+the bounds themselves when JOB has "bounds": true.
 Loading many programs in one job keeps the multi-rank tests to a few process launches.
 """
 
@@ -32,8 +33,11 @@ def main(job_path, out_path):
             lb, ub = verifier.bounds(entry["lower"], entry["upper"], method=method)
             memory = max_over_ranks(comm.all_gather_objects(verifier.network.ledger.report()))
             memory["predicted"] = predicted_peak(verifier, comm, method, lb)
-            results.append({"dir": entry["dir"], "method": method,
-                            "sha": bounds_sha256(lb, ub), "memory": memory})
+            result = {"dir": entry["dir"], "method": method,
+                      "sha": bounds_sha256(lb, ub), "memory": memory}
+            if job.get("bounds"):
+                result["lower"], result["upper"] = lb.tolist(), ub.tolist()
+            results.append(result)
     comm.barrier()
     torch.set_num_threads(previous)   # the in-process (P = 1) run shares pytest's process
     if comm.rank == 0:

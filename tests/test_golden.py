@@ -14,7 +14,7 @@ tests whose file is already up to date pass. Review the diff of tests/golden/ af
 
 Determinism: compiling the same model three times (two processes with different hash seeds,
 and this one) gives byte-identical program.py, plan.json and weights.safetensors for every zoo
-model, and no file written by the compiler holds an absolute path.
+model, in single and tp mode, and no file written by the compiler holds an absolute path.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ GOLDEN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden")
 ACCEPT = os.environ.get("SHARDBOUND_ACCEPT_GOLDEN", "") not in ("", "0")
 INSPECT_MODELS = ("mlp", "cnn_batchnorm", "residual")
 PROGRAM_MODELS = ("mlp",)
+INSPECT_TP_MODELS = ("tp_mlp2", "tp_cnn")      # tp placements and the channel split at P=3
 
 
 def check_golden(name: str, text: str) -> None:
@@ -80,6 +81,15 @@ def test_inspect_golden(tmp_path, name):
     check_golden(f"inspect_{name}.txt", text)
 
 
+@pytest.mark.parametrize("name", INSPECT_TP_MODELS)
+def test_inspect_tp_golden(tmp_path, name):
+    from shardbound.compiler.driver import inspect_model
+    from shardbound.passes.manager import PassOptions
+
+    text = inspect_model(_save(name, tmp_path), PassOptions(mode="tp", nproc=3))
+    check_golden(f"inspect_tp_{name}.txt", text)
+
+
 @pytest.mark.parametrize("name", PROGRAM_MODELS)
 def test_program_golden(tmp_path, name):
     from shardbound.compiler.driver import compile_model
@@ -92,8 +102,9 @@ def test_program_golden(tmp_path, name):
 
 def test_golden_files_have_tests():
     """No stale golden files: every file in tests/golden/ belongs to a test above."""
-    expected = {f"inspect_{n}.txt" for n in INSPECT_MODELS} | {f"program_{n}.txt"
-                                                              for n in PROGRAM_MODELS}
+    expected = ({f"inspect_{n}.txt" for n in INSPECT_MODELS}
+                | {f"inspect_tp_{n}.txt" for n in INSPECT_TP_MODELS}
+                | {f"program_{n}.txt" for n in PROGRAM_MODELS})
     present = set(os.listdir(GOLDEN_DIR)) if os.path.isdir(GOLDEN_DIR) else set()
     assert present <= expected, f"stale golden files: {sorted(present - expected)}"
 
@@ -107,6 +118,7 @@ from shardbound.passes.manager import PassOptions
 src, out = sys.argv[1], sys.argv[2]
 for name in sys.argv[3:]:
     compile_model(f"{src}/{name}.onnx", f"{out}/{name}", PassOptions())
+    compile_model(f"{src}/{name}.onnx", f"{out}/{name}_tp", PassOptions(mode="tp"))
 """
 
 
@@ -142,6 +154,8 @@ def test_compile_is_deterministic_and_has_no_absolute_paths(tmp_path):
 
     for name in names:
         compile_model(str(src / f"{name}.onnx"), str(tmp_path / "out3" / name), PassOptions())
+        compile_model(str(src / f"{name}.onnx"), str(tmp_path / "out3" / f"{name}_tp"),
+                      PassOptions(mode="tp"))
     a = _digests(tmp_path / "out1")
     for name in names:
         for f in ("program.py", "plan.json", "weights.safetensors"):

@@ -180,6 +180,51 @@ def old_style_opset8(rng):
     return model, shape
 
 
+def tp_linear_zone(rng):
+    """One tp zone with no ReLU between its column and row layer (600 hidden: 3 blocks)."""
+    b = Builder(rng, (8,))
+    h = b.gemm("x", 8, 600)
+    h = b.relu(b.gemm(h, 600, 16))
+    return b.build(b.gemm(h, 16, 4)), b.input_shape
+
+
+def tp_mlp(rng, zones=1, hidden=520, width=24, n_in=8, n_out=4):
+    """`zones` Megatron zones: (n_in or width) -> hidden -> ReLU -> width (-> ReLU between
+    zones); 520 hidden neurons are 3 blocks of 256, so P = 2, 3, 4 split them unevenly and
+    P = 4 leaves a rank without any."""
+    b = Builder(rng, (n_in,))
+    h, k = "x", n_in
+    for z in range(zones):
+        h = b.relu(b.gemm(h, k, hidden))
+        out = width if z < zones - 1 else n_out
+        h = b.gemm(h, hidden, out)
+        if z < zones - 1:
+            h = b.relu(h)
+        k = out
+    return b.build(h), b.input_shape
+
+
+def tp_cnn(rng, channels=260):
+    """A conv zone: Conv 1 -> 260 channels, ReLU, Conv 260 -> 3 channels (row), then a
+    replicated ReLU, Flatten, Gemm."""
+    b = Builder(rng, (1, 3, 3))
+    h = b.op("Conv", ["x", b.const(b.weight(channels, 1, 3, 3)),
+                      b.const(rng.normal(0, 0.1, (channels,)))], pads=[1, 1, 1, 1])
+    h = b.relu(h)
+    h = b.op("Conv", [h, b.const(b.weight(3, channels, 2, 2)), b.const(rng.normal(0, 0.1, (3,)))])
+    h = b.relu(h)
+    h = b.op("Flatten", [h], axis=1)
+    return b.build(b.gemm(h, 12, 3)), b.input_shape
+
+
+TP_ZOO = {
+    "tp_linear_zone": tp_linear_zone,
+    "tp_mlp1": lambda rng: tp_mlp(rng, 1, hidden=1024),
+    "tp_mlp2": lambda rng: tp_mlp(rng, 2),
+    "tp_mlp3": lambda rng: tp_mlp(rng, 3),
+    "tp_cnn": tp_cnn,
+}
+
 ZOO = {
     "mlp": mlp,
     "mlp_matmul_add": mlp_matmul_add,
@@ -195,4 +240,4 @@ MLPS = ("mlp", "mlp_matmul_add", "normalized_mlp", "old_style_opset8")
 
 
 def build(name: str, seed: int = 0):
-    return ZOO[name](np.random.default_rng(seed))
+    return {**ZOO, **TP_ZOO}[name](np.random.default_rng(seed))

@@ -1,0 +1,326 @@
+"""Tensor-parallel (tp) mode at run time: zone ops that hold a slice of the hidden channels.
+
+A zone (found by the compiler's tp_zones pass) is column layer -> elementwise ops -> row layer.
+Each rank holds channels [c0, c1) of the zone's C hidden channels (`tp_reduce` decides the
+split): the column layer's weight rows and bias entries of those channels (output Shard(0)),
+the elementwise ops' constants of those channels, and the row layer's weight columns of those
+channels (output Partial, finished by the fixed-order reduction, then + the replicated bias).
+Nodes outside zones are replicated: every rank holds them whole.
+
+CROWN backward passes through a zone with every rank holding all rows of the A-matrix but only
+its channels' columns (1/P of the zone's A-matrices): the row layer's backward product is local
+(its contraction is over the replicated output), the column layer's and the bias terms are
+Partial and reduced. Intermediate bounds of zone nodes come from IBP (the compiler's default,
+no communication) or from CROWN (`--tp-intermediate crown`), with an identity over the node's
+own channels: when no zone lies upstream, each rank bounds only its own neurons ("local rows":
+no communication, A-matrices of 1/P rows); otherwise every rank carries all rows and its
+columns through the reductions above. With `blocked` the bounds are bitwise those of single mode.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+
+from shardbound.runtime import contract
+from shardbound.runtime.errors import ShardboundError
+from shardbound.runtime.ops import Affine, Conv2d, Linear, Relu
+from shardbound.runtime.tp_reduce import REDUCTIONS, spatial
+
+
+class TpContext:
+    """What a rank's zone ops share: the communicator, the ledger, one Reduction per zone, and
+    whether the current backward pass carries local rows (see module docstring)."""
+
+    def __init__(self, comm, ledger, order: str):
+        if order not in REDUCTIONS:
+            raise ShardboundError(f"tp mode does not support --summation {order}; recompile "
+                                  f"with one of {', '.join(sorted(REDUCTIONS))}")
+        self.comm, self.ledger, self.order = comm, ledger, order
+        self.zones: dict[int, object] = {}
+        self.rows_local = False
+
+    def zone(self, index: int, channels: int):
+        red = self.zones.get(index)
+        if red is None:
+            red = self.zones[index] = REDUCTIONS[self.order](channels, self.comm, self.ledger,
+                                                            self.order)
+        return red
+
+
+class ZoneOp:
+    """Mixin for ops inside a zone. Attributes from the program: `tp_zone` (zone index),
+    `tp_channels` (C), `tp_local_rows` (CROWN targets here may use local rows)."""
+
+    tp_role = "?"
+
+    def setup(self, tp_zone=0, tp_channels=1, tp_local_rows=False, **attrs):
+        self.tp_zone, self.tp_channels = int(tp_zone), int(tp_channels)
+        self.tp_local_rows = bool(tp_local_rows)
+        super().setup(**attrs)
+
+    # -- binding to a rank -----------------------------------------------------------------
+    def bind(self, ctx: TpContext, ledger) -> None:
+        self.ctx = ctx
+        self.red = ctx.zone(self.tp_zone, self.tp_channels)
+        self.full_shape = self.shape
+        self._localize()
+        for role in list(self.params):
+            src = self.params[role]
+            if isinstance(src, ParamSource):
+                self.params[role] = src.read(self._slice(role, src.shape))
+                ledger.add("resident_param", self.params[role].numel() * 4)
+
+    def _localize(self) -> None:
+        """Shapes of this rank's slice (the column/elementwise output is channel-sliced)."""
+        self.shape = (self.red.local, *self.full_shape[1:])
+
+    def _slice(self, role: str, shape) -> tuple:
+        """The index of this rank's part of a parameter (default: channel dim 0)."""
+        return (slice(self.red.c0, self.red.c1),)
+
+
+class ShardOutput(ZoneOp):
+    """A zone op whose output is Shard(0): the column layer and the elementwise ops."""
+
+    def crown_bounds(self, network, lower, upper, known):
+        """CROWN bounds of this rank's neurons (the engine's hook for planned crown nodes)."""
+        return crown_zone_node(network, self, lower, upper, known)
+
+    def _dot(self, a, b):
+        if self.ctx.rows_local:
+            return contract.dot_last(a, b, self.order)
+        return self.red.dot(a, b, spatial(self.full_shape))
+
+
+class ColumnLinear(ShardOutput, Linear):
+    """Weight rows (output neurons) of this rank's channels: output Shard(0)."""
+
+    tp_role = "column"
+
+    def backward_linear(self, A):
+        w_t = self.param("weight").t().contiguous()
+        if self.ctx.rows_local:     # rows are my own neurons: the product is complete
+            A_in = contract.matmul(A, w_t, self.order)
+        else:
+            A_in = self.red.matmul(A, w_t)
+        b = self.param("bias")
+        return [A_in], (None if b is None else self._dot(A, b))
+
+
+class RowLinear(ZoneOp, Linear):
+    """Weight columns (inputs) of this rank's channels: output Partial, reduced, + bias."""
+
+    tp_role = "row"
+
+    def _localize(self):
+        self.in_shapes = ((self.red.local,),)
+
+    def _slice(self, role, shape):
+        if role == "weight":
+            return (slice(None), slice(self.red.c0, self.red.c1))
+        return (slice(None),)
+
+    def _affine(self, x, w, with_bias=True):
+        y = self.red.matmul(x, w)
+        b = self.param("bias")
+        return y + b if (with_bias and b is not None) else y
+
+    def ibp(self, b):
+        c, r = (b[1] + b[0]) / 2, (b[1] - b[0]) / 2
+        yc = self._affine(c, self.param("weight"))
+        yr = self.red.matmul(r, self.param("weight").abs())
+        return yc - yr, yc + yr
+
+
+class ShardRelu(ShardOutput, Relu):
+    tp_role = "elementwise"
+
+
+class ShardAffine(ShardOutput, Affine):
+    tp_role = "elementwise"
+
+    def _slice(self, role, shape):
+        """Constants broadcast to the sample shape: slice their channel dim when they have one
+        (same rank as the sample shape and more than one channel), else keep them whole."""
+        if len(shape) == len(self.full_shape) and shape and shape[0] == self.tp_channels > 1:
+            return (slice(self.red.c0, self.red.c1),)
+        return ()
+
+
+class ColumnConv(ShardOutput, Conv2d):
+    """Output channels of this rank: output Shard(0). The backward product (over output
+    channels) runs as im2col matmul, reduced across ranks before the patches are folded."""
+
+    tp_role = "column"
+
+    def _conv(self, x, w, with_bias=True):
+        if w.shape[0] == 0:             # no channels on this rank
+            return x.new_zeros((x.shape[0], *self.shape))
+        return super()._conv(x, w, with_bias)
+
+    def backward_linear(self, A):
+        B, S = self._rows(A)
+        w = self.param("weight")
+        C_in, H, W = self.in_shapes[0]
+        pt, pl, pb, pr = self.pads
+        Hp, Wp = H + pt + pb, W + pl + pr
+        c, Ho, Wo = self.shape
+        kh, kw = w.shape[2:]
+        A_cols = A.reshape(B * S, c, Ho * Wo).transpose(1, 2).contiguous()   # (N, L, c)
+        w2t = w.reshape(c, C_in * kh * kw).t().contiguous()                   # (Cin*kh*kw, c)
+        if self.ctx.rows_local:
+            cols = contract.matmul(A_cols, w2t, self.order)
+        else:
+            cols = self.red.matmul(A_cols, w2t)
+        cols = cols.transpose(1, 2).contiguous()
+        A_pad = F.fold(cols, (Hp, Wp), (kh, kw), dilation=self.dilations, stride=self.strides)
+        A_in = A_pad[:, :, pt:pt + H, pl:pl + W].contiguous().reshape(B, S, C_in, H, W)
+        b = self.param("bias")
+        bias = None
+        if b is not None:
+            per_channel = contract.sum_last(A.reshape(B, S, c, Ho * Wo), self.order)
+            bias = (contract.dot_last(per_channel, b, self.order) if self.ctx.rows_local
+                    else self.red.dot(per_channel, b, 1))
+        return [A_in], bias
+
+
+class RowConv(ZoneOp, Conv2d):
+    """Input channels of this rank: the im2col product over (channels x kernel) is Partial,
+    reduced, + the replicated bias."""
+
+    tp_role = "row"
+
+    def _localize(self):
+        self.in_shapes = ((self.red.local, *self.in_shapes[0][1:]),)
+
+    def _slice(self, role, shape):
+        if role == "weight":
+            return (slice(None), slice(self.red.c0, self.red.c1))
+        return (slice(None),)
+
+    def _conv(self, x, w, with_bias=True):
+        pt, pl, pb, pr = self.pads
+        x = F.pad(x, (pl, pr, pt, pb))
+        Cout, kh, kw = w.shape[0], *w.shape[2:]
+        Ho, Wo = self._out_hw(x, w)
+        if x.shape[1] == 0:             # no channels on this rank: it still joins the reduction
+            cols = x.new_zeros((x.shape[0], Ho * Wo, 0))
+        else:
+            cols = F.unfold(x, (kh, kw), dilation=self.dilations, stride=self.strides)
+            cols = cols.transpose(1, 2).contiguous()                   # (B, L, c*kh*kw)
+        y = self.red.matmul(cols, w.reshape(Cout, -1).contiguous(), kh * kw)
+        y = y.transpose(1, 2).reshape(x.shape[0], Cout, Ho, Wo)
+        b = self.param("bias") if with_bias else None
+        return y + b.reshape(1, -1, 1, 1) if b is not None else y.contiguous()
+
+    def backward_linear(self, A):
+        if self.red.local:
+            return super().backward_linear(A)
+        B, S = self._rows(A)                # no channels here: A_in is empty, the bias is not
+        A_in = A.new_zeros((B, S, *self.in_shapes[0]))
+        b = self.param("bias")
+        if b is None:
+            return [A_in], None
+        Cout, Ho, Wo = self.shape
+        per_channel = contract.sum_last(A.reshape(B, S, Cout, Ho * Wo), self.order)
+        return [A_in], contract.dot_last(per_channel, b, self.order)
+
+
+ZONE_OPS = {("linear", "column"): ColumnLinear, ("linear", "row"): RowLinear,
+            ("conv2d", "column"): ColumnConv, ("conv2d", "row"): RowConv,
+            ("relu", "elementwise"): ShardRelu, ("affine", "elementwise"): ShardAffine}
+
+
+# -- parameters and binding ---------------------------------------------------------------------
+class ParamSource:
+    """A tensor of weights.safetensors not read yet: `read(index)` reads only that slice."""
+
+    def __init__(self, handle, key: str):
+        self.handle, self.key = handle, key
+        self.shape = tuple(handle.get_slice(key).get_shape())
+
+    def read(self, index: tuple) -> torch.Tensor:
+        if not self.shape:
+            return self.handle.get_tensor(self.key).to(torch.float32)
+        full = torch.empty(self.shape, device="meta")
+        want = tuple(full[index].shape) if index else self.shape
+        if 0 in want:                   # an empty slice (a rank past the last block)
+            return torch.zeros(want, dtype=torch.float32)
+        sl = self.handle.get_slice(self.key)
+        return sl[index if index else slice(None)].to(torch.float32).contiguous()
+
+
+def build_network(module, path: str, comm, ledger, order: str):
+    """Build a tp program's network on this rank: zone ops read their slices, the others the
+    whole tensors."""
+    ctx = TpContext(comm, ledger, order)
+    try:
+        handle_cm = safe_open(path, framework="pt")
+    except FileNotFoundError:
+        raise ShardboundError(f"{path}: missing; recompile the model") from None
+    except Exception as e:
+        raise ShardboundError(f"{path}: unreadable weights ({type(e).__name__}); recompile") from None
+    with handle_cm as f:
+        params = {k: ParamSource(f, k) for k in f.keys()}
+        network = module.build(params, order=order)
+        for n in network.nodes:
+            if isinstance(n, ZoneOp):
+                n.bind(ctx, ledger)
+                continue
+            for role, src in list(n.params.items()):
+                if isinstance(src, ParamSource):
+                    n.params[role] = src.read(())
+                    ledger.add("resident_param", n.params[role].numel() * 4)
+    for n in network.nodes:
+        for role, t in n.params.items():
+            if isinstance(t, torch.Tensor):
+                n.params[role] = t.to(comm.device)
+    network.tp = ctx
+    network.refine_ibp = True
+    return network
+
+
+# -- CROWN bounds of a zone node ------------------------------------------------------------------
+def crown_zone_node(network, node: ShardOutput, lower, upper, known):
+    """CROWN bounds (B, *local shape) of this rank's neurons of a zone node."""
+    B = lower.shape[0]
+    n = math.prod(node.shape)
+    local_shape = node.shape
+    if node.tp_local_rows:
+        if n == 0:                              # no neurons here, and no collectives to join
+            empty = torch.zeros((B, *local_shape), dtype=lower.dtype, device=lower.device)
+            return empty, empty.clone()
+        eye = torch.eye(n, dtype=lower.dtype, device=lower.device).reshape(n, *local_shape)
+        node.ctx.rows_local = True
+        try:
+            lo, hi = network.backward(node, eye.unsqueeze(0).expand(B, *eye.shape), lower,
+                                      upper, known)
+        finally:
+            node.ctx.rows_local = False
+        return lo.reshape(B, *local_shape), hi.reshape(B, *local_shape)
+    # All rows, this rank's columns, in P row tiles (the same tiles on every rank, so the
+    # collectives match): the replicated parts of the A-matrices (at nodes outside the zone)
+    # and the reduction buffers then fall with P too. Row tiles do not change bits: every
+    # kernel's rows are independent.
+    full = math.prod(node.full_shape)
+    offset = node.red.c0 * spatial(node.full_shape)
+    tile = -(-full // node.ctx.comm.world)
+    los, his = [], []
+    for s0 in range(0, full, tile):
+        s1 = min(s0 + tile, full)
+        r0 = max(s0, offset)                    # this rank's neurons among the tile's rows
+        r1 = max(r0, min(s1, offset + n))
+        eye = torch.zeros(s1 - s0, n, dtype=lower.dtype, device=lower.device)
+        rows = torch.arange(r0, r1, device=lower.device)
+        eye[rows - s0, rows - offset] = 1
+        eye = eye.reshape(s1 - s0, *local_shape)
+        lo, hi = network.backward(node, eye.unsqueeze(0).expand(B, *eye.shape), lower, upper,
+                                  known)
+        los.append(lo[:, r0 - s0:r1 - s0])
+        his.append(hi[:, r0 - s0:r1 - s0])
+    return (torch.cat(los, dim=1).reshape(B, *local_shape),
+            torch.cat(his, dim=1).reshape(B, *local_shape))

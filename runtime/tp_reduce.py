@@ -1,0 +1,170 @@
+"""Reductions of Partial tensors in tp mode: how a zone's hidden channels are split over the
+ranks, and how a contraction over that split dimension is finished across ranks.
+
+A tp zone splits C hidden channels (neurons of an MLP layer, channels of a conv) over P ranks.
+Every contraction over the hidden dimension -- the row layer's forward product, the column
+layer's backward product, the bias terms of zone nodes in the CROWN backward pass -- is then a
+sum of per-rank partials that has to be finished across ranks. How, depends on the summation
+order (a registry, `REDUCTIONS`):
+
+- `blocked`: the channel split sits on 256-block boundaries (`summation.shard_k_ranges` over
+  the channels), so for a contraction over C*X elements (X = spatial size or kernel size per
+  channel) every rank's range [c0*X, c1*X) is block aligned. Each rank reduces its blocks into
+  the subtree totals of the fixed pair tree, the totals are all-gathered and every rank finishes
+  the same tree (`combine_subtotals`): the bits are those of the single-process kernel, for
+  every P. Ranks beyond the number of blocks own no channels and send nothing but still join.
+- `fast`: an even split; partials are all-gathered and added in rank order (run-to-run equal,
+  not across P).
+
+`exact` is not offered in tp mode (the compiler refuses it): its K-split needs exponent
+all-reduces per contraction, not built yet.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from shardbound.runtime import contract
+from shardbound.runtime.summation import (BLOCK, combine_subtotals, shard_k_ranges,
+                                          shard_subtotals, subtree_totals, tree_nodes)
+
+
+class Reduction:
+    """One zone's split on one rank: `ranges` (per-rank channel [start, stop)), this rank's
+    (c0, c1), and the reductions of partials over that split."""
+
+    name = "?"
+
+    def __init__(self, channels: int, comm, ledger, order: str):
+        self.channels, self.comm, self.ledger, self.order = int(channels), comm, ledger, order
+        self.ranges = self.channel_ranges(self.channels, comm.world)
+        self.c0, self.c1 = self.ranges[comm.rank]
+
+    @staticmethod
+    def channel_ranges(channels: int, P: int) -> list[tuple[int, int]]:
+        raise NotImplementedError
+
+    @property
+    def local(self) -> int:
+        return self.c1 - self.c0
+
+    def matmul(self, x, w_t, X: int = 1) -> torch.Tensor:
+        """Full `x @ w_t.T` from this rank's slices: x (..., local*X), w_t (N, local*X)."""
+        raise NotImplementedError
+
+    def dot(self, a, b, X: int = 1) -> torch.Tensor:
+        """Full `sum(a * b, -1)` from this rank's slices (b broadcast against a)."""
+        raise NotImplementedError
+
+    def _gathered(self, buf: torch.Tensor, finish) -> torch.Tensor:
+        """Reduce buf (count, *shape) -- count partials per rank -- elementwise across ranks:
+        finish(every (P, count, n)) -> (n,). The output is cut into P column chunks, gathered
+        one at a time, so the receive buffer is ~1/P of what one all-gather would need (P
+        times the output); the send and receive buffers are on the ledger ("collective")."""
+        P, count, shape = self.comm.world, buf.shape[0], buf.shape[1:]
+        M = math.prod(shape)
+        flat = buf.reshape(count, M)
+        step = max(1, -(-M // P))
+        out = torch.empty(M, dtype=buf.dtype, device=buf.device)
+        nbytes = (count * M + P * count * step) * buf.element_size()
+        self.ledger.add("collective", nbytes)
+        try:
+            for m0 in range(0, M, step):
+                part = flat[:, m0:m0 + step].contiguous()
+                every = self.comm.all_gather_flat(part.reshape(-1)).reshape(P, count, -1)
+                out[m0:m0 + part.shape[1]] = finish(every)
+        finally:
+            self.ledger.add("collective", -nbytes)
+        return out.reshape(shape)
+
+
+class BlockedReduction(Reduction):
+    name = "blocked"
+
+    @staticmethod
+    def channel_ranges(channels, P):
+        return shard_k_ranges(channels, P)
+
+    def _k_ranges(self, X):
+        return [(a * X, b * X) for a, b in self.ranges], self.channels * X
+
+    def matmul(self, x, w_t, X=1):
+        ranges, K = self._k_ranges(X)
+        k0, k1 = ranges[self.comm.rank]
+        shape = (*x.shape[:-1], w_t.shape[0])
+        mine = (shard_subtotals(x.contiguous(), w_t.contiguous(), k0, k1, K)
+                if k1 > k0 and x.numel() else [])
+        return self._combine(mine, shape, ranges, K, x)
+
+    def dot(self, a, b, X=1):
+        ranges, K = self._k_ranges(X)
+        k0, k1 = ranges[self.comm.rank]
+        shape = torch.broadcast_shapes(a.shape, b.shape)[:-1]
+        mine = []
+        if k1 > k0 and a.numel():
+            nb = -(-(k1 - k0) // BLOCK)
+
+            def blocks_of(t):
+                pad = nb * BLOCK - t.shape[-1]
+                t = torch.nn.functional.pad(t, (0, pad)) if pad else t
+                return t.reshape(*t.shape[:-1], nb, BLOCK)
+
+            ap, bp = blocks_of(a), blocks_of(b)
+            # One block per row of the padded view: each value is the exact block product
+            # rounded once, bitwise what the whole-K dot_last computes for that block.
+            blocks = contract.dot_last(ap, bp, "blocked")
+            mine = subtree_totals(list(blocks.unbind(-1)), k0, k1, K)
+        return self._combine(mine, shape, ranges, K, a)
+
+    def _combine(self, mine, shape, ranges, K, like):
+        counts = [len(tree_nodes(k0, k1, K)) for k0, k1 in ranges]
+        buf = torch.zeros((max(counts), *shape), dtype=like.dtype, device=like.device)
+        for i, t in enumerate(mine):
+            buf[i] = t
+
+        def finish(every):
+            subtotals = [list(every[r, :counts[r]].unbind(0)) for r in range(len(ranges))]
+            return combine_subtotals(subtotals, ranges, K)
+
+        return self._gathered(buf, finish)
+
+
+class FastReduction(Reduction):
+    name = "fast"
+
+    @staticmethod
+    def channel_ranges(channels, P):
+        size = -(-channels // P)
+        return [(min(r * size, channels), min((r + 1) * size, channels)) for r in range(P)]
+
+    def matmul(self, x, w_t, X=1):
+        part = torch.matmul(x, w_t.t()) if x.shape[-1] else torch.zeros(
+            (*x.shape[:-1], w_t.shape[0]), dtype=x.dtype, device=x.device)
+        return self._sum(part)
+
+    def dot(self, a, b, X=1):
+        return self._sum((a * b).sum(-1))
+
+    def _sum(self, part):
+        def finish(every):
+            total = every[0, 0]
+            for r in range(1, every.shape[0]):
+                total = total + every[r, 0]
+            return total
+
+        return self._gathered(part.unsqueeze(0), finish)
+
+
+REDUCTIONS = {cls.name: cls for cls in (BlockedReduction, FastReduction)}
+
+
+def channel_ranges(order: str, channels: int, P: int) -> list[tuple[int, int]]:
+    """The per-rank channel split of a zone (what `inspect --nproc P` shows)."""
+    return REDUCTIONS[order].channel_ranges(channels, P)
+
+
+def spatial(shape) -> int:
+    """Elements per channel of a per-sample shape (1 for a vector)."""
+    return math.prod(shape[1:]) if len(shape) > 1 else 1
