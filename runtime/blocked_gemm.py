@@ -29,7 +29,6 @@ import ctypes
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 
 import torch
 
@@ -61,16 +60,7 @@ _MKL_LOCAL, _OMP_SET = _entry_points()
 
 def available(t: torch.Tensor) -> bool:
     """Whether this kernel's bits are pinned for ``t``'s device on this build."""
-    return _MKL_LOCAL is not None and t.device.type == "cpu"
-
-
-@contextmanager
-def _mkl_one_thread():
-    prev = _MKL_LOCAL(1)
-    try:
-        yield
-    finally:
-        _MKL_LOCAL(prev)
+    return _MKL_LOCAL is not None and t.is_cpu
 
 
 def _worker_init():
@@ -149,14 +139,26 @@ def tree_product(x2: torch.Tensor, wp: torch.Tensor, N: int) -> torch.Tensor:
     contiguous, zero rows past N.  Bits depend only on the operand rows, not on the
     thread count, M, N or the tiles."""
     M, K = x2.shape
+    T = torch.get_num_threads()
+    tiles = _tiles(M, N, K, T) if T > 1 else [(0, M, 0, N)]
+    if len(tiles) == 1 and K <= BLOCK:      # one GEMM: the common small case, less overhead
+        xp = x2 if M >= MIN_ROWS else pad_rows(x2, MIN_ROWS)
+        prev = _MKL_LOCAL(1)
+        try:
+            y = torch.mm(xp, wp.T)
+        finally:
+            _MKL_LOCAL(prev)
+        return y if y.shape[0] == M and y.shape[1] == N else y[:M, :N].contiguous()
     out = torch.empty((M, N), dtype=torch.float32, device=x2.device)
-    tiles = _tiles(M, N, K, torch.get_num_threads())
     futures = []
     if len(tiles) > 1:
         pool = _get_pool(len(tiles) - 1)
         futures = [pool.submit(_tile, x2, wp, N, out, *t) for t in tiles[1:]]
-    with _mkl_one_thread():
+    prev = _MKL_LOCAL(1)
+    try:
         _tile(x2, wp, N, out, *tiles[0])
+    finally:
+        _MKL_LOCAL(prev)
     for f in futures:
         f.result()
     return out

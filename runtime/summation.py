@@ -53,6 +53,8 @@ each rank exactly one tree node by default:
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import blocked_gemm, blocked_grid
@@ -121,7 +123,7 @@ def _check_result(out: torch.Tensor, x2: torch.Tensor, w2: torch.Tensor) -> None
     (inf*0 is nan, and an FMA chain or tree never turns a non-finite value back
     into a finite one), so all-finite output proves finite operands.  A non-finite
     result from finite operands is float32 overflow and is returned as is."""
-    if out.numel() and not bool(torch.isfinite(out.sum())):
+    if out.numel() and not math.isfinite(out.sum().item()):
         check_finite(x2, "x")
         check_finite(w2, "w_t")
 
@@ -195,6 +197,9 @@ def _blocked_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     one GEMM whose block diagonal is the answer; the GEMM is padded to
     ``MIN_COLS`` columns anyway, so this costs no extra flops.
     """
+    K = b.shape[-1]
+    if b.numel() == K and a.shape[-1] == K and K:         # one vector for all rows: one GEMM
+        return blocked_matmul(a, b.reshape(1, K))[..., 0]
     shape = torch.broadcast_shapes(a.shape, b.shape)
     lead, K = shape[:-1], shape[-1]
     if K == 0 or lead.numel() == 0:
