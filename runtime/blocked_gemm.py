@@ -26,6 +26,7 @@ CPU, ``available`` is False and the caller uses the portable kernel (``blocked_g
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +38,7 @@ from .blocktree import BLOCK, _eval, _num_blocks
 MIN_ROWS = 8    # MKL adds in other orders below 4 rows (measured); 8 leaves a margin
 MIN_COLS = 32   # ... and below 24 columns; 32 is also a whole number of vectors
 _PAR_MIN_WORK = 1 << 21   # multiply-adds below which one thread beats handing out tiles
+_ROW_CHUNK = 256          # rows per pass over the blocks when K has several blocks
 
 
 def _entry_points():
@@ -109,35 +111,56 @@ def _tiles(M: int, N: int, K: int, T: int) -> list[tuple[int, int, int, int]]:
     return [(0, M, 0, N)]
 
 
-def _tile(x2, wp, N, out, r0, r1, c0, c1) -> None:
-    """out[r0:r1, c0:c1] = fixed tree over K-blocks of single-block GEMMs."""
+def _tile(x2, wp, N, out, r0, r1, c0, c1) -> bool:
+    """out[r0:r1, c0:c1] = fixed tree over K-blocks of single-block GEMMs, zeros as
+    +0.0; returns whether all of it is finite (both done while a chunk is in cache).
+
+    With several blocks the rows go ``_ROW_CHUNK`` at a time (never fewer than
+    MIN_ROWS), so a chunk's block partials and tree sums stay in cache and the
+    scratch buffers are small and reused; the leftmost block of a chunk is written
+    straight into the output, where the tree accumulates.  Rows are independent,
+    so the chunking does not change any bit.
+    """
     m, n = r1 - r0, c1 - c0
     xp = pad_rows(x2[r0:r1], MIN_ROWS)
     wt = wp[c0:c1] if n >= MIN_COLS else wp[:MIN_COLS]    # n < MIN_COLS: c0 == 0, zero rows
-    K = xp.shape[1]
+    K, rows = xp.shape[1], xp.shape[0]
     nb = _num_blocks(K)
     target = out[r0:r1, c0:c1]
-    direct = nb == 1 and xp.shape[0] == m and wt.shape[0] == n and target.is_contiguous()
-    pool: list[torch.Tensor] = []
+    fits = wt.shape[0] == n and rows == m and target.is_contiguous()
+    step = rows if nb == 1 else _ROW_CHUNK
+    scratch: dict[int, list[torch.Tensor]] = {}
+    finite = True
+    a = 0
+    while a < rows:
+        b = rows if rows - (a + step) < MIN_ROWS else a + step
+        xs = xp[a:b]
+        tgt = target[a:b] if fits else None
 
-    def leaf(lo, hi):
-        if hi - lo != 1:
-            return None
-        k0, k1 = lo * BLOCK, min(lo * BLOCK + BLOCK, K)
-        dst = target if direct else (pool.pop() if pool else torch.empty(
-            (xp.shape[0], wt.shape[0]), dtype=torch.float32, device=xp.device))
-        return torch.mm(xp[:, k0:k1], wt[:, k0:k1].T, out=dst)
+        def leaf(lo, hi):
+            if hi - lo != 1:
+                return None
+            k0, k1 = lo * BLOCK, min(lo * BLOCK + BLOCK, K)
+            free = scratch.get(b - a)
+            dst = tgt if (lo == 0 and tgt is not None) else (free.pop() if free else torch.empty(
+                (b - a, wt.shape[0]), dtype=torch.float32, device=xp.device))
+            return torch.mm(xs[:, k0:k1], wt[:, k0:k1].T, out=dst)
 
-    res = _eval(0, nb, leaf, pool.append)
-    if not direct:
-        target.copy_(res[:m, :n])
+        res = _eval(0, nb, leaf, lambda t: scratch.setdefault(t.shape[0], []).append(t))
+        res.add_(0.0)                                   # -0.0 -> +0.0
+        finite = finite and math.isfinite(res.sum().item())
+        if res is not tgt:
+            e = min(b, m)
+            target[a:e].copy_(res[:e - a, :n])
+        a = b
+    return finite
 
 
-def tree_product(x2: torch.Tensor, wp: torch.Tensor, N: int) -> torch.Tensor:
+def tree_product(x2: torch.Tensor, wp: torch.Tensor, N: int) -> tuple[torch.Tensor, bool]:
     """(M, N) float32: the fixed pair tree over the 256-blocks of K of the block GEMMs
-    ``x2_b @ wp_b.T``.  ``x2`` (M, K) contiguous; ``wp`` (>= max(N, MIN_COLS), K)
-    contiguous, zero rows past N.  Bits depend only on the operand rows, not on the
-    thread count, M, N or the tiles."""
+    ``x2_b @ wp_b.T`` with zeros as +0.0, and whether it is all finite.  ``x2`` (M, K)
+    contiguous; ``wp`` (>= max(N, MIN_COLS), K) contiguous, zero rows past N.  Bits
+    depend only on the operand rows, not on the thread count, M, N or the tiles."""
     M, K = x2.shape
     T = torch.get_num_threads()
     tiles = _tiles(M, N, K, T) if T > 1 else [(0, M, 0, N)]
@@ -148,7 +171,8 @@ def tree_product(x2: torch.Tensor, wp: torch.Tensor, N: int) -> torch.Tensor:
             y = torch.mm(xp, wp.T)
         finally:
             _MKL_LOCAL(prev)
-        return y if y.shape[0] == M and y.shape[1] == N else y[:M, :N].contiguous()
+        y = y if y.shape[0] == M and y.shape[1] == N else y[:M, :N].contiguous()
+        return y.add_(0.0), math.isfinite(y.sum().item())
     out = torch.empty((M, N), dtype=torch.float32, device=x2.device)
     futures = []
     if len(tiles) > 1:
@@ -156,9 +180,9 @@ def tree_product(x2: torch.Tensor, wp: torch.Tensor, N: int) -> torch.Tensor:
         futures = [pool.submit(_tile, x2, wp, N, out, *t) for t in tiles[1:]]
     prev = _MKL_LOCAL(1)
     try:
-        _tile(x2, wp, N, out, *tiles[0])
+        finite = _tile(x2, wp, N, out, *tiles[0])
     finally:
         _MKL_LOCAL(prev)
     for f in futures:
-        f.result()
-    return out
+        finite = f.result() and finite
+    return out, finite

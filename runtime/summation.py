@@ -11,31 +11,28 @@ thread count and any world size P, so we offer three summation orders:
     plain ``torch.matmul`` / ``(a*b).sum(-1)``.  Only run-to-run equality.
 ``blocked`` (default)
     K is cut into fixed blocks of ``BLOCK = 256``; each block product is one
-    float32 GEMM, and the per-block results are added along a fixed adjacent-pair
-    binary tree (``blocktree.py``).  Why one float32 GEMM per block is enough:
-    measured on these machines (MKL 2024.2 with ``MKL_CBWR=AUTO,STRICT``), MKL's
-    main SGEMM kernel computes every element ``c_ij`` as a fixed function of row
-    ``x_i``, row ``w_j`` and K alone -- a sequential FMA chain over k for
-    K <= 192, two 128-long chains added for K = 256 -- whatever the number of rows
-    or columns in the call, the positions of row i and column j in it, the thread
-    count, the leading dimensions and the 4-byte alignment.  Other code paths add
-    in other orders; MKL takes them for fewer than 4 rows (GEMV and small-M
-    kernels) or fewer than 24 columns.  So every block GEMM here gets at least
-    ``MIN_ROWS = 8`` rows and ``MIN_COLS = 32`` columns (zero padded), contiguous
-    row-major ``x`` and row-major ``w_t`` passed transposed (one layout), and a
-    K of at most 256 fixed by the block structure.  Each block partial is then a
-    function of the two block rows alone, so the result is the same for any
-    thread count, row batching (1 row, fsdp row shards), column split, operand
-    layout and -- through the fixed tree -- K-split over ranks.  The kernel
+    float32 GEMM whose bits are pinned, and the per-block results are added along
+    a fixed adjacent-pair binary tree (``blocktree.py``).  Pinned how
+    (``blocked_gemm.py``, measured on MKL): a single-threaded MKL SGEMM with at
+    least 4 rows and 24 columns computes each element from its two operand rows
+    and K alone, whatever the shape, tile position, leading dimension or
+    alignment; so every block GEMM gets >= ``MIN_ROWS`` rows and >= ``MIN_COLS``
+    columns (zero padded), one layout, MKL single-threaded, and the threads are
+    ours (one row or column tile each).  Result: the same bits for any thread
+    count, row batching (1 row, fsdp row shards), column split, operand layout,
+    run, and -- through the fixed tree -- K-split over ranks.  The kernel
     properties are tested on thousands of random shapes
-    (``tests/test_blocked_kernel.py``): a BLAS update that broke them fails the
-    tests instead of drifting silently.
+    (``tests/test_blocked_kernel.py``), so a BLAS update that broke them fails
+    the tests instead of changing bounds silently.
     *Not* promised: the same bits on another CPU family, BLAS build or device
-    (their kernels chain in other orders); that is ``exact``'s job.
-    Accuracy: that of any float32 GEMM with one tree on top,
+    (other kernels chain in other orders); that is ``exact``'s job.  Without
+    MKL, or off the CPU, the block products come from ``blocked_grid.py``
+    (exact per block on a 22-bit grid, float64 GEMMs: portable, 2-6x slower).
+    Accuracy: that of a float32 GEMM with a tree on top,
     ``|err| <= (min(K, 256) + ceil(log2 nb) + 1) * 2**-24 * sum|x||w|`` (plus
     ``K * 2**-150`` for subnormal underflow); typically ~1e-7 relative.
-    Cost: about that of ``fast`` (see ``bench/summation_kernels.py``).
+    Cost: 1.0-1.5x plain SGEMM on large shapes (``bench/summation_kernels.py``);
+    per-call overhead (~20-40 us) dominates tiny ones.
 ``exact``
     correctly rounded float32 of the exact dot product (see ``ozaki.py``);
     K-sharded use: ``exact_exponents`` -> all-reduce MAX -> ``exact_partials`` ->
@@ -53,14 +50,12 @@ each rank exactly one tree node by default:
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from . import blocked_gemm, blocked_grid
 from .blocked_gemm import MIN_COLS, MIN_ROWS, pad_rows
-from .blocktree import (BLOCK, _block_range, _num_blocks, combine_subtotals, shard_k_ranges,
-                        subtree_totals, tree_nodes, tree_reduce)
+from .blocktree import (BLOCK, _block_range, combine_subtotals, shard_k_ranges, subtree_totals,
+                        tree_nodes, tree_reduce)
 from .ozaki import (_rows, check_finite, exact_dot_last, exact_exponents, exact_finalize,
                     exact_matmul, exact_partials, round_sum_f32, slice_width)
 
@@ -117,26 +112,23 @@ def _operands(x: torch.Tensor, w_t):
     return _rows(x), pw
 
 
-def _check_result(out: torch.Tensor, x2: torch.Tensor, w2: torch.Tensor) -> None:
-    """Reject inf/nan operands without a pass over them in the common case: an
-    inf or nan operand element makes its whole output row (column) non-finite
-    (inf*0 is nan, and an FMA chain or tree never turns a non-finite value back
-    into a finite one), so all-finite output proves finite operands.  A non-finite
-    result from finite operands is float32 overflow and is returned as is."""
-    if out.numel() and not math.isfinite(out.sum().item()):
-        check_finite(x2, "x")
-        check_finite(w2, "w_t")
-
-
 # --------------------------------------------------------------------------- blocked
 def _tree_product(x2: torch.Tensor, pw: PreparedWeight) -> torch.Tensor:
-    """(M, N) float32 fixed tree over the 256-block products of x2 (M, K) and pw (N, K):
-    pinned float32 MKL GEMMs where available, else the portable exact-per-block kernel."""
+    """(M, N) float32 fixed tree over the 256-block products of x2 (M, K) and pw (N, K),
+    zeros as +0.0: pinned float32 MKL GEMMs where available, else the portable
+    exact-per-block kernel."""
     x2, N = x2.contiguous(), pw.shape[0]
     if not blocked_gemm.available(x2):
-        return blocked_grid.tree_product(x2, pw.w_t.contiguous(), N)
-    out = blocked_gemm.tree_product(x2, pw.padded(), N)
-    _check_result(out, x2, pw.w_t)
+        return blocked_grid.tree_product(x2, pw.w_t.contiguous(), N).add_(0.0)
+    out, finite = blocked_gemm.tree_product(x2, pw.padded(), N)
+    if not finite:
+        # An inf or nan operand element makes its whole output row (column)
+        # non-finite (inf*0 is nan; an FMA chain or tree never makes a non-finite
+        # value finite again), so finite output proves finite operands and the
+        # operands need no pass of their own.  Non-finite output from finite
+        # operands is float32 overflow and is returned as is.
+        check_finite(x2, "x")
+        check_finite(pw.w_t, "w_t")
     return out
 
 
@@ -178,7 +170,7 @@ def blocked_matmul(x: torch.Tensor, w_t) -> torch.Tensor:
     shape = (*x.shape[:-1], N)
     if K == 0 or M == 0 or N == 0:
         return torch.zeros(shape, dtype=torch.float32, device=x.device)
-    return _tree_product(x2, pw).add_(0.0).reshape(shape)      # -0.0 -> +0.0
+    return _tree_product(x2, pw).reshape(shape)
 
 
 def shard_subtotals(x_shard: torch.Tensor, w_shard, k_start: int, k_stop: int,
