@@ -114,3 +114,22 @@ def test_dot_last_shapes_equal_matmul_of_the_same_vectors(K):
                  for a, c in [(0, 1), (1, 20), (20, 50)]]
         assert same(torch.cat(parts, 1), got)
         assert same(with_threads(1, lambda: S.dot_last(A, b)), got)
+
+
+def test_portable_kernel_keeps_the_guarantees(monkeypatch):
+    """Without MKL (or off the CPU) the block products come from the exact-grid kernel:
+    the same invariances, within its documented error."""
+    from shardbound.runtime import blocked_gemm
+    x, w = data((20, 1300), 31, spread=1.0), data((40, 1300), 32)
+    pinned = S.blocked_matmul(x, w)
+    monkeypatch.setattr(blocked_gemm, "available", lambda t: False)
+    ref = with_threads(1, lambda: S.blocked_matmul(x, w))
+    assert same(with_threads(2, lambda: S.blocked_matmul(x, w)), ref)
+    assert same(torch.cat([S.blocked_matmul(x[i:i + 1], w) for i in range(20)]), ref)
+    rg = S.shard_k_ranges(1300, 3)
+    subs = [S.shard_subtotals(x[:, a:b].contiguous(), w[:, a:b].contiguous(), a, b, 1300)
+            for a, b in rg]
+    assert same(S.combine_subtotals(subs, rg, 1300), ref)
+    assert same(S.dot_last(x, w[3]), ref[:, 3])
+    scale = x.double().abs() @ w.double().abs().T
+    assert bool(((ref.double() - pinned.double()).abs() <= 1e-5 * scale).all())
