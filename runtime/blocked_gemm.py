@@ -162,6 +162,7 @@ def tree_product(x2: torch.Tensor, wp: torch.Tensor, N: int) -> tuple[torch.Tens
     contiguous; ``wp`` (>= max(N, MIN_COLS), K) contiguous, zero rows past N.  Bits
     depend only on the operand rows, not on the thread count, M, N or the tiles."""
     M, K = x2.shape
+    x2, wp = x2.detach(), wp.detach()   # worker threads run with grad mode on; out= needs off
     T = torch.get_num_threads()
     tiles = _tiles(M, N, K, T) if T > 1 else [(0, M, 0, N)]
     if len(tiles) == 1 and K <= BLOCK:      # one GEMM: the common small case, less overhead
@@ -171,7 +172,8 @@ def tree_product(x2: torch.Tensor, wp: torch.Tensor, N: int) -> tuple[torch.Tens
             y = torch.mm(xp, wp.T)
         finally:
             _MKL_LOCAL(prev)
-        y = y if y.shape[0] == M and y.shape[1] == N else y[:M, :N].contiguous()
+        if y.shape[0] != M or y.shape[1] != N:
+            y = y[:M, :N].clone()           # compact storage: the memory ledger counts it
         return y.add_(0.0), math.isfinite(y.sum().item())
     out = torch.empty((M, N), dtype=torch.float32, device=x2.device)
     futures = []
