@@ -31,8 +31,9 @@ thread count and any world size P, so we offer three summation orders:
     Accuracy: that of a float32 GEMM with a tree on top,
     ``|err| <= (min(K, 256) + ceil(log2 nb) + 1) * 2**-24 * sum|x||w|`` (plus
     ``K * 2**-150`` for subnormal underflow); typically ~1e-7 relative.
-    Cost: 1.0-1.5x plain SGEMM on large shapes (``bench/summation_kernels.py``);
-    per-call overhead (~20-40 us) dominates tiny ones.
+    Cost: ~1.0-1.25x plain SGEMM on large shapes (``bench/summation_kernels.py``),
+    1.0-1.4x ``fast`` end to end (``bench/summation.py``); per-call overhead
+    (~20-40 us) dominates tiny ones.
 ``exact``
     correctly rounded float32 of the exact dot product (see ``ozaki.py``);
     K-sharded use: ``exact_exponents`` -> all-reduce MAX -> ``exact_partials`` ->
