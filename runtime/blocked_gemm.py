@@ -77,7 +77,8 @@ _pool_lock = threading.Lock()
 
 
 def _get_pool(workers: int) -> ThreadPoolExecutor:
-    """A pool of ``workers`` threads; a new one after fork (the old threads are gone)."""
+    """A pool of ``workers`` threads, kept while the thread count stays; a new one after
+    fork (the old threads are gone)."""
     global _pool, _pool_key
     with _pool_lock:
         key = (os.getpid(), workers)
@@ -178,7 +179,7 @@ def tree_product(x2: torch.Tensor, wp: torch.Tensor, N: int) -> tuple[torch.Tens
     out = torch.empty((M, N), dtype=torch.float32, device=x2.device)
     futures = []
     if len(tiles) > 1:
-        pool = _get_pool(len(tiles) - 1)
+        pool = _get_pool(T - 1)             # sized by T, so column tiles reuse it too
         futures = [pool.submit(_tile, x2, wp, N, out, *t) for t in tiles[1:]]
     prev = _MKL_LOCAL(1)
     try:
