@@ -4,8 +4,9 @@ Prints, per shape, the wall time of ``fast`` (torch.matmul) and the time of the
 other orders as a multiple of it.  All variants of a shape are measured side by
 side, interleaved round-robin, best of several runs, so background load hits
 them alike.  ``+pw`` columns use a PreparedWeight (weight conversion cached, as
-a runtime would do for constant weights); ``f64 mm`` is a plain float64 matmul,
-the floor for any order that computes block products exactly in float64.
+a runtime would do for constant weights); ``grid`` is the portable ``blocked``
+kernel (exact float64 block products, used without MKL or off the CPU) and
+``f64 mm`` a plain float64 matmul, the floor for that kernel.
 
     python bench/summation_kernels.py [--quick] [--threads T] [--reps R]
 """
@@ -16,7 +17,18 @@ import time
 
 import torch
 
+from shardbound.runtime import blocked_gemm
 from shardbound.runtime import summation as S
+
+
+def _grid(x, w):
+    """blocked with the portable kernel (as without MKL)."""
+    saved = blocked_gemm.available
+    blocked_gemm.available = lambda t: False
+    try:
+        return S.matmul(x, w, "blocked")
+    finally:
+        blocked_gemm.available = saved
 
 
 def _measure(fns: dict, reps: int) -> dict:
@@ -43,7 +55,7 @@ def main() -> None:
     rows = (1, 64) if args.quick else (1, 64, 1024)
     ks = (784,) if args.quick else (784, 4096)
     ns = (256,) if args.quick else (256, 4096)
-    cols = ["f64 mm", "blocked", "blocked+pw", "exact", "exact+pw", "dot_last*"]
+    cols = ["blocked", "blocked+pw", "grid", "f64 mm", "exact", "exact+pw", "dot_last*"]
     print(f"torch {torch.__version__}, threads={torch.get_num_threads()}; "
           "fast in ms, other columns = time / fast time")
     print("* dot_last blocked vs (a*b).sum(-1) on min(rows*N, 2048) vectors of length K")
@@ -57,7 +69,7 @@ def main() -> None:
                 w = torch.randn(n, k) / k ** 0.5
                 xd, wd = x.double(), w.double()
                 pw = S.prepare_weight(w)
-                pw.blocks()
+                pw.padded()
                 S.matmul(x, pw, "exact")                      # fills pw's exact cache
                 a = torch.randn(min(m * n, 2048), k)
                 b = torch.randn(min(m * n, 2048), k)
@@ -66,6 +78,7 @@ def main() -> None:
                     "f64 mm": lambda: xd @ wd.T,
                     "blocked": lambda: S.matmul(x, w, "blocked"),
                     "blocked+pw": lambda: S.matmul(x, pw, "blocked"),
+                    "grid": lambda: _grid(x, w),
                     "exact": lambda: S.matmul(x, w, "exact"),
                     "exact+pw": lambda: S.matmul(x, pw, "exact"),
                 }, args.reps)

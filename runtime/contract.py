@@ -6,8 +6,9 @@ bias vector) and the final concretisation (A-matrix against the input box). Rout
 through one place lets the summation order be chosen per program without touching the ops:
 
 - `fast`: plain BLAS; bits repeat run to run only.
-- `blocked`: fixed 256-blocks, each block product exact, a fixed pairwise tree over blocks
-  (shardbound.runtime.summation): the same bits for any thread count, row batching or rank count.
+- `blocked`: fixed 256-blocks, one bit-pinned float32 GEMM per block, a fixed pairwise tree
+  over blocks (shardbound.runtime.summation): the same bits for any thread count, row batching
+  or rank count on one machine and BLAS.
 - `exact`: correctly rounded (Ozaki slices): the same bits on any BLAS or device too.
 
 The order is always passed explicitly: there is no module-level default to drift between runs.

@@ -1,0 +1,191 @@
+"""Block products of the ``blocked`` order on CPUs with MKL: float32 GEMMs whose bits are pinned.
+
+What is relied on (measured on these machines, MKL 2024.2 with ``MKL_CBWR=AUTO,STRICT``;
+checked on thousands of random shapes by ``tests/test_blocked_kernel.py``): a
+*single-threaded* MKL SGEMM with at least 4 rows and 24 columns computes every output
+element ``c_ij`` as a fixed function of row ``x_i``, row ``w_j`` and K alone -- a
+sequential FMA chain over k for K <= 192, two 128-long chains added for K = 256 --
+whatever the number of rows and columns in the call, the positions of row i and column j
+in it, the leading dimensions and the 4-byte alignment.  What breaks it, so is avoided:
+
+- fewer than 4 rows (GEMV and small-M kernels) or fewer than 24 columns: other code
+  paths, other sums.  Every call here gets >= ``MIN_ROWS`` rows and >= ``MIN_COLS``
+  columns (zero padded).
+- MKL's own threading: with 3 or 4 threads MKL splits small products differently (it
+  changed 1/3 of random small shapes; 1 vs 2 threads happened to agree).  So MKL runs
+  single-threaded here (``mkl_set_num_threads_local(1)``, per calling thread) and the
+  parallelism is ours: the rows (or, for few rows, the columns) are cut into one tile
+  per ``torch.get_num_threads()`` thread, each computed by one thread.  Because an
+  element depends only on its two rows, the cut points change nothing.
+- a transposed operand: ``x`` is always row-major contiguous, ``w_t`` row-major and
+  passed transposed (one layout).
+
+Where the MKL entry points are not found (another BLAS) or the tensors are not on the
+CPU, ``available`` is False and the caller uses the portable kernel (``blocked_grid``).
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from .blocktree import BLOCK, _eval, _num_blocks
+
+MIN_ROWS = 8    # MKL adds in other orders below 4 rows (measured); 8 leaves a margin
+MIN_COLS = 32   # ... and below 24 columns; 32 is also a whole number of vectors
+_PAR_MIN_WORK = 1 << 21   # multiply-adds below which one thread beats handing out tiles
+_ROW_CHUNK = 256          # rows per pass over the blocks when K has several blocks
+
+
+def _entry_points():
+    """(MKL_Set_Num_Threads_Local, omp_set_num_threads) from torch's own libraries."""
+    if not torch.backends.mkl.is_available():
+        return None, None
+    try:
+        lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+        mkl_local = lib.MKL_Set_Num_Threads_Local     # C, by value (the lowercase is Fortran)
+    except (OSError, AttributeError):
+        return None, None
+    mkl_local.argtypes, mkl_local.restype = [ctypes.c_int], ctypes.c_int
+    omp = getattr(lib, "omp_set_num_threads", None)
+    if omp is not None:
+        omp.argtypes, omp.restype = [ctypes.c_int], None
+    return mkl_local, omp
+
+
+_MKL_LOCAL, _OMP_SET = _entry_points()
+
+
+def available(t: torch.Tensor) -> bool:
+    """Whether this kernel's bits are pinned for ``t``'s device on this build."""
+    return _MKL_LOCAL is not None and t.is_cpu
+
+
+def _worker_init():
+    _MKL_LOCAL(1)               # thread-local: the main thread's MKL keeps its setting
+    if _OMP_SET is not None:
+        _OMP_SET(1)             # per-thread ICV: no nested OpenMP teams in the tree adds
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_key: tuple[int, int] | None = None
+_pool_lock = threading.Lock()
+
+
+def _get_pool(workers: int) -> ThreadPoolExecutor:
+    """A pool of ``workers`` threads, kept while the thread count stays; a new one after
+    fork (the old threads are gone)."""
+    global _pool, _pool_key
+    with _pool_lock:
+        key = (os.getpid(), workers)
+        if _pool_key != key:
+            if _pool is not None and _pool_key[0] == os.getpid():
+                _pool.shutdown(wait=False)
+            _pool = ThreadPoolExecutor(workers, thread_name_prefix="shardbound-gemm",
+                                       initializer=_worker_init)
+            _pool_key = key
+        return _pool
+
+
+def pad_rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """``t`` (R, K) contiguous with at least ``n`` rows (zero rows appended)."""
+    if t.shape[0] >= n:
+        return t.contiguous()
+    out = torch.zeros((n, t.shape[1]), dtype=t.dtype, device=t.device)
+    out[:t.shape[0]] = t
+    return out
+
+
+def _tiles(M: int, N: int, K: int, T: int) -> list[tuple[int, int, int, int]]:
+    """(r0, r1, c0, c1) per thread: rows cut evenly, or columns when rows are few."""
+    if T <= 1 or M * N * K < _PAR_MIN_WORK:
+        return [(0, M, 0, N)]
+    if M >= T * MIN_ROWS:
+        return [(M * i // T, M * (i + 1) // T, 0, N) for i in range(T)]
+    n = min(T, N // MIN_COLS)
+    if n >= 2:
+        return [(0, M, N * i // n, N * (i + 1) // n) for i in range(n)]
+    return [(0, M, 0, N)]
+
+
+def _tile(x2, wp, N, out, r0, r1, c0, c1) -> bool:
+    """out[r0:r1, c0:c1] = fixed tree over K-blocks of single-block GEMMs, zeros as
+    +0.0; returns whether all of it is finite (both done while a chunk is in cache).
+
+    With several blocks the rows go ``_ROW_CHUNK`` at a time (never fewer than
+    MIN_ROWS), so a chunk's block partials and tree sums stay in cache and the
+    scratch buffers are small and reused; the leftmost block of a chunk is written
+    straight into the output, where the tree accumulates.  Rows are independent,
+    so the chunking does not change any bit.
+    """
+    m, n = r1 - r0, c1 - c0
+    xp = pad_rows(x2[r0:r1], MIN_ROWS)
+    wt = wp[c0:c1] if n >= MIN_COLS else wp[:MIN_COLS]    # n < MIN_COLS: c0 == 0, zero rows
+    K, rows = xp.shape[1], xp.shape[0]
+    nb = _num_blocks(K)
+    target = out[r0:r1, c0:c1]
+    fits = wt.shape[0] == n and rows == m and target.is_contiguous()
+    step = rows if nb == 1 else _ROW_CHUNK
+    scratch: dict[int, list[torch.Tensor]] = {}
+    finite = True
+    a = 0
+    while a < rows:
+        b = rows if rows - (a + step) < MIN_ROWS else a + step
+        xs = xp[a:b]
+        tgt = target[a:b] if fits else None
+
+        def leaf(lo, hi):
+            if hi - lo != 1:
+                return None
+            k0, k1 = lo * BLOCK, min(lo * BLOCK + BLOCK, K)
+            free = scratch.get(b - a)
+            dst = tgt if (lo == 0 and tgt is not None) else (free.pop() if free else torch.empty(
+                (b - a, wt.shape[0]), dtype=torch.float32, device=xp.device))
+            return torch.mm(xs[:, k0:k1], wt[:, k0:k1].T, out=dst)
+
+        res = _eval(0, nb, leaf, lambda t: scratch.setdefault(t.shape[0], []).append(t))
+        res.add_(0.0)                                   # -0.0 -> +0.0
+        finite = finite and math.isfinite(res.sum().item())
+        if res is not tgt:
+            e = min(b, m)
+            target[a:e].copy_(res[:e - a, :n])
+        a = b
+    return finite
+
+
+def tree_product(x2: torch.Tensor, wp: torch.Tensor, N: int) -> tuple[torch.Tensor, bool]:
+    """(M, N) float32: the fixed pair tree over the 256-blocks of K of the block GEMMs
+    ``x2_b @ wp_b.T`` with zeros as +0.0, and whether it is all finite.  ``x2`` (M, K)
+    contiguous; ``wp`` (>= max(N, MIN_COLS), K) contiguous, zero rows past N.  Bits
+    depend only on the operand rows, not on the thread count, M, N or the tiles."""
+    M, K = x2.shape
+    x2, wp = x2.detach(), wp.detach()   # worker threads run with grad mode on; out= needs off
+    T = torch.get_num_threads()
+    tiles = _tiles(M, N, K, T) if T > 1 else [(0, M, 0, N)]
+    if len(tiles) == 1 and K <= BLOCK:      # one GEMM: the common small case, less overhead
+        xp = x2 if M >= MIN_ROWS else pad_rows(x2, MIN_ROWS)
+        prev = _MKL_LOCAL(1)
+        try:
+            y = torch.mm(xp, wp.T)
+        finally:
+            _MKL_LOCAL(prev)
+        if y.shape[0] != M or y.shape[1] != N:
+            y = y[:M, :N].clone()           # compact storage: the memory ledger counts it
+        return y.add_(0.0), math.isfinite(y.sum().item())
+    out = torch.empty((M, N), dtype=torch.float32, device=x2.device)
+    futures = []
+    if len(tiles) > 1:
+        pool = _get_pool(T - 1)             # sized by T, so column tiles reuse it too
+        futures = [pool.submit(_tile, x2, wp, N, out, *t) for t in tiles[1:]]
+    prev = _MKL_LOCAL(1)
+    try:
+        finite = _tile(x2, wp, N, out, *tiles[0])
+    finally:
+        _MKL_LOCAL(prev)
+    for f in futures:
+        finite = f.result() and finite
+    return out, finite
