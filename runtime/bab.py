@@ -16,12 +16,16 @@ costs n bounds per split instead of 2 and proves it in seconds. With more than
 `LOOKAHEAD_MAX` inputs only that many candidates are tried: the largest by |A| * width and by
 relative width.
 
+Children are bounded with their parent's intermediate bounds as a prior (kept per open
+domain), so CROWN runs only for neurons still unstable under them.
+
 Everything is deterministic, and in a sharded run every rank takes the same branch, because
 bounds are bitwise identical and the deadline is agreed with an all-reduce.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -29,6 +33,7 @@ import numpy as np
 import torch
 
 MAX_DOMAINS = 400_000
+KEPT_BOUNDS_BYTES = 1 << 30      # open domains keep their intermediate bounds: cap the total
 LOOKAHEAD_MAX = 8        # candidate inputs tried per split
 
 
@@ -72,19 +77,40 @@ class DomainBounds:
         self.n_conj = int(owner.max()) + 1
         self.chunk = chunk
         self.bounded = 0
+        self.shapes = None      # (name, shape) of the intermediate bounds, in order
 
-    def __call__(self, los: torch.Tensor, his: torch.Tensor):
-        outs = [self._one(los[i:i + self.chunk], his[i:i + self.chunk])
+    def __call__(self, los: torch.Tensor, his: torch.Tensor, prior=None):
+        """prior: (B, 2, neurons) intermediate bounds known to hold on each box (its
+        parent's), or None. Returns (done, closeness, key, intermediate bounds) per box."""
+        outs = [self._one(los[i:i + self.chunk], his[i:i + self.chunk],
+                          None if prior is None else prior[i:i + self.chunk])
                 for i in range(0, len(los), self.chunk)]
         return tuple(torch.cat(parts) for parts in zip(*outs))
 
-    def _one(self, los, his):
+    def _unflatten(self, flat, b):
+        out, at = {}, 0
+        for name, shape in self.shapes:
+            size = math.prod(shape)
+            out[name] = (flat[:, 0, at:at + size].reshape(b, *shape),
+                         flat[:, 1, at:at + size].reshape(b, *shape))
+            at += size
+        return out
+
+    def _one(self, los, his, prior):
         net = self.network
         b = len(los)
         shape = (b, *net.input_shape)
         dlo, dhi = los.reshape(shape).to(net.device), his.reshape(shape).to(net.device)
+        if prior is not None:
+            prior = self._unflatten(prior.to(net.device), b)
         with torch.no_grad():
-            ibp, known = net.intermediate_bounds(dlo, dhi)
+            ibp, known = net.intermediate_bounds(dlo, dhi, prior=prior)
+        if self.shapes is None:
+            self.shapes = [(name, tuple(v[0].shape[1:])) for name, v in known.items()]
+        flat = torch.stack([torch.cat([known[n][0].reshape(b, -1) for n, _ in self.shapes], 1),
+                            torch.cat([known[n][1].reshape(b, -1) for n, _ in self.shapes], 1)],
+                           dim=1).cpu()
+        with torch.no_grad():
             grab = {}
             lb, _ = net.final_crown(ibp, known, dlo, dhi, self.C.to(net.device), input_A=grab,
                                     lower_only=True)
@@ -93,7 +119,7 @@ class DomainBounds:
         refuted = refuted_conjunctions(lb, self.d, self.owner, self.n_conj)
         open_rows = ~refuted[:, torch.from_numpy(self.owner)]                     # (b, R)
         key = (lA.abs() * open_rows.unsqueeze(-1)).sum(dim=1) * (his - los)
-        return refuted.all(dim=1), closeness(lb, self.d, self.owner, self.n_conj), key
+        return refuted.all(dim=1), closeness(lb, self.d, self.owner, self.n_conj), key, flat
 
 
 def _candidates(key, los, his, root_width, k):
@@ -125,9 +151,10 @@ def input_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violati
     los, his = lo.reshape(1, -1).clone(), hi.reshape(1, -1).clone()
     n = los.shape[1]
     root_width = (hi - lo).reshape(1, -1)
-    done, close, key = bound(los, his)
+    done, close, key, kb = bound(los, his)
     if bool(done[0]):
         return BabResult("unsat", domains=1, verified_fraction=1.0)
+    max_domains = min(MAX_DOMAINS, KEPT_BOUNDS_BYTES // max(1, kb[0].numel() * 4))
     depth = torch.zeros(1, dtype=torch.float64)
     k = min(n, LOOKAHEAD_MAX)
     per_step = max(1, batch // (2 * k))
@@ -136,12 +163,12 @@ def input_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violati
     while len(los):
         if agree(time.monotonic() > deadline):
             return BabResult("timeout", domains=bound.bounded, verified_fraction=verified)
-        if len(los) > MAX_DOMAINS:
+        if len(los) > max_domains:
             return BabResult("unknown", domains=bound.bounded, verified_fraction=verified,
-                             reason=f"more than {MAX_DOMAINS} open domains")
+                             reason=f"more than {max_domains} open domains")
         take = min(per_step, len(los))
-        blo, bhi, bdepth, bclose, bkey = (t[-take:] for t in (los, his, depth, close, key))
-        los, his, depth, close, key = (t[:-take] for t in (los, his, depth, close, key))
+        blo, bhi, bdepth, bclose, bkey, bkb = (t[-take:] for t in (los, his, depth, close, key, kb))
+        los, his, depth, close, key, kb = (t[:-take] for t in (los, his, depth, close, key, kb))
         hit = is_violation((blo + bhi) / 2)
         if hit is not None:
             return BabResult("sat", x=((blo + bhi) / 2)[hit], domains=bound.bounded,
@@ -166,10 +193,14 @@ def input_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violati
         c_done = torch.zeros(take, k, 2, dtype=torch.bool)
         c_close = torch.zeros(take, k, 2, dtype=torch.float64)
         c_key = torch.zeros(take, k, 2, n)
+        c_kb = torch.zeros(take, k, 2, *bkb.shape[1:])
         if bool(live.any()):
-            dn, cl, ky = bound(clo[live].reshape(-1, n), chi[live].reshape(-1, n))
+            parent = bkb.unsqueeze(1).unsqueeze(1).expand(take, k, 2, *bkb.shape[1:])[live]
+            dn, cl, ky, cb = bound(clo[live].reshape(-1, n), chi[live].reshape(-1, n),
+                                   parent.reshape(-1, *bkb.shape[1:]))
             c_done[live], c_close[live] = dn.reshape(-1, 2), cl.reshape(-1, 2)
             c_key[live] = ky.reshape(-1, 2, n)
+            c_kb[live] = cb.reshape(-1, 2, *bkb.shape[1:])
         value = c_close.clamp(max=0).sum(dim=2)                               # (take, k)
         value = torch.where(stuck, torch.full_like(value, -float("inf")), value)
         best = value.argmax(dim=1)
@@ -182,7 +213,7 @@ def input_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violati
         sel = torch.nonzero(splittable).reshape(-1)
         pick = best[sel]
         n_done, n_lo, n_hi = c_done[sel, pick], clo[sel, pick], chi[sel, pick]   # (s, 2[, n])
-        n_close, n_key = c_close[sel, pick], c_key[sel, pick]
+        n_close, n_key, n_kb = c_close[sel, pick], c_key[sel, pick], c_kb[sel, pick]
         n_depth = (bdepth[sel] + 1).unsqueeze(1).expand(-1, 2)
         verified += float(torch.pow(0.5, n_depth[n_done]).sum())
         keep = ~n_done
@@ -191,6 +222,7 @@ def input_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violati
         depth = torch.cat([depth, n_depth[keep]])
         close = torch.cat([close, n_close[keep]])
         key = torch.cat([key, n_key[keep]])
+        kb = torch.cat([kb, n_kb[keep]])
         if progress is not None:
             progress(len(los), verified, time.monotonic() - start)
     if unresolved:
