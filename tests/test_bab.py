@@ -14,7 +14,7 @@ import torch
 from onnx import numpy_helper
 
 import zoo
-from soundness import REL_TOL, sample_box
+from soundness import REL_TOL, attack_min, sample_box
 
 
 def _load(tmp_path, model, name="net"):
@@ -139,21 +139,6 @@ def wide_input_net(tmp_path_factory):
     return _load(tmp, zoo.mlp(np.random.default_rng(11), sizes=(24, 20, 20, 3))[0])
 
 
-def _attack_min(net, lo, hi, C, gen):
-    """The lowest row value sampling and PGD find (an upper estimate of the true minimum)."""
-    x = sample_box(lo, hi, 20000, gen)
-    x = torch.cat([x, lo + torch.rand(256, lo.numel(), generator=gen) * (hi - lo)])
-    x = x.requires_grad_()
-    for i in range(80):
-        y = net.forward(x).reshape(len(x), -1) @ C.T
-        (g,) = torch.autograd.grad(y.sum(), x)
-        with torch.no_grad():
-            x -= (hi - lo) * 0.05 * (1 - i / 80) * g.sign()
-            x.copy_(torch.maximum(torch.minimum(x, hi), lo))
-    with torch.no_grad():
-        return float((net.forward(x).reshape(len(x), -1) @ C.T).min())
-
-
 def test_relu_split_proves_below_the_minimum_and_refutes_above(wide_input_net):
     from shardbound.runtime.alpha import alpha_crown
     from shardbound.runtime.relu_bab import relu_split
@@ -163,7 +148,8 @@ def test_relu_split_proves_below_the_minimum_and_refutes_above(wide_input_net):
     owner = np.zeros(1, dtype=int)
     lo, hi = torch.full((24,), -0.5), torch.full((24,), 0.5)
     gen = torch.Generator().manual_seed(0)
-    found = _attack_min(net, lo, hi, C, gen)
+    found = attack_min(lambda x: net.forward(x.reshape(-1, *net.input_shape)).reshape(len(x), -1),
+                       lo, hi, C, gen)
     shape = (1, *net.input_shape)
     lb_alpha = float(alpha_crown(net, lo.reshape(shape), hi.reshape(shape), C)[0])
     assert lb_alpha < found - 0.5          # alpha-CROWN alone is far from the minimum
