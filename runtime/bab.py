@@ -5,19 +5,20 @@ region) are kept in one tensor stack and processed in batches, depth first (the 
 pushed are taken first, which keeps the stack small). A domain is done when every conjunction
 is refuted on it: some row has a CROWN lower bound above its threshold.
 
-Which input to split is chosen by look-ahead: each taken domain is split along every candidate
-input, all the children are bounded in one batch, and the split whose two children come
-closest to being proved wins (the sum of their negative margins is largest). The children of
-the winning split are already bounded, so nothing is bounded twice. Measured on ACAS Xu: the
-cheaper |A| * width score never splits an input that the final lower bound does not depend on
-linearly, even when all the looseness sits in the ReLU relaxations that this input's width
-causes, and then BaB stalls (1_2/prop_1: 99.94% of the box after 60 s, forever); look-ahead
-costs n bounds per split instead of 2 and proves it in seconds. With more than
-`LOOKAHEAD_MAX` inputs only that many candidates are tried: the largest by |A| * width and by
-relative width.
+A taken domain is split in two and both children are bounded at once; only open children are
+pushed, with their bounds. The input to split: the largest |A| * width (A: the lower-bound
+A-matrix of the rows still open), unless that input is WIDTH_RATIO times narrower (relative to
+the root box) than the widest one, which is then split instead. Measured on ACAS Xu: |A| *
+width alone never splits an input the final lower bound has no linear term in, even when that
+input's width causes all the relaxation slack (1_2/prop_1 stalled at 99.94% of the box);
+greedy look-ahead (bound the children of every input, keep the best) fixes that but shaves
+inputs that each help a little and stalls elsewhere (1_1/prop_3, 1_1/prop_5). The machinery
+takes several candidates per domain (the split whose children's negative margins sum highest
+wins); `_candidates` proposes one.
 
 Children are bounded with their parent's intermediate bounds as a prior (kept per open
-domain), so CROWN runs only for neurons still unstable under them.
+domain): bounds only tighten down the tree, and CROWN runs only for neurons still unstable
+(ACAS Xu 1_1/prop_6 went from 56% of the box in 110 s to unsat in 12 s).
 
 Everything is deterministic, and in a sharded run every rank takes the same branch, because
 bounds are bitwise identical and the deadline is agreed with an all-reduce.
@@ -33,8 +34,8 @@ import numpy as np
 import torch
 
 MAX_DOMAINS = 400_000
+WIDTH_RATIO = 64         # see _candidates
 KEPT_BOUNDS_BYTES = 1 << 30      # open domains keep their intermediate bounds: cap the total
-LOOKAHEAD_MAX = 8        # candidate inputs tried per split
 
 
 @dataclass
@@ -122,17 +123,14 @@ class DomainBounds:
         return refuted.all(dim=1), closeness(lb, self.d, self.owner, self.n_conj), key, flat
 
 
-def _candidates(key, los, his, root_width, k):
-    """(b, k) input indices to try: all of them when k >= n, else the k best by |A| * width
-    and by width relative to the root box, interleaved."""
-    b, n = key.shape
-    if k >= n:
-        return torch.arange(n).expand(b, n)
+def _candidates(key, los, his, root_width):
+    """(b, 1): the input with the largest |A| * width, unless it is WIDTH_RATIO times
+    narrower (relative to the root box) than the widest input: then the widest."""
     rel = (his - los) / root_width.clamp(min=1e-30)
-    # Normalised so both criteria count alike; the sum ranks dims good on either.
-    score = key / key.amax(dim=1, keepdim=True).clamp(min=1e-30) + rel / rel.amax(
-        dim=1, keepdim=True).clamp(min=1e-30)
-    return torch.topk(score, k, dim=1).indices
+    by_key, widest = key.argmax(dim=1), rel.argmax(dim=1)
+    rows = torch.arange(len(key))
+    lopsided = rel[rows, by_key] * WIDTH_RATIO < rel[rows, widest]
+    return torch.where(lopsided, widest, by_key).unsqueeze(1)
 
 
 def input_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violation,
@@ -156,7 +154,7 @@ def input_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violati
         return BabResult("unsat", domains=1, verified_fraction=1.0)
     max_domains = min(MAX_DOMAINS, KEPT_BOUNDS_BYTES // max(1, kb[0].numel() * 4))
     depth = torch.zeros(1, dtype=torch.float64)
-    k = min(n, LOOKAHEAD_MAX)
+    k = 1                    # candidates per domain (see _candidates)
     per_step = max(1, batch // (2 * k))
     verified, unresolved = 0.0, 0
     start = time.monotonic()
@@ -180,7 +178,7 @@ def input_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violati
                     return BabResult("sat", x=x.reshape(-1), domains=bound.bounded,
                                      verified_fraction=verified)
         # Children of every candidate split: (take, k, 2, n).
-        dims = _candidates(bkey, blo, bhi, root_width, k)                    # (take, k)
+        dims = _candidates(bkey, blo, bhi, root_width)                        # (take, k)
         rows = torch.arange(take).unsqueeze(1).expand(take, k)
         mid = (blo[rows, dims] + bhi[rows, dims]) / 2
         stuck = (mid <= blo[rows, dims]) | (mid >= bhi[rows, dims])          # float32 resolution

@@ -26,8 +26,11 @@ LR_BETA = 0.05
 
 def beta_crown(network, ibp, known, lower, upper, C, splits, lb_start,
                iterations: int = DEFAULT_ITERATIONS):
-    """Lower bounds (B, S) of C f(x) on each domain, at least `lb_start` (a sound bound of the
-    same rows, e.g. CROWN's). `splits` maps nodes feeding ReLUs to int8 (B, *shape)."""
+    """(lower bounds (B, S) of C f(x) on each domain, at least `lb_start` (a sound bound of
+    the same rows, e.g. CROWN's); the input A-matrix (B, S, *input) of the last iteration, or
+    None). `splits` maps nodes feeding ReLUs to int8 (B, *shape). The A-matrix's minimising
+    box vertex is where the optimised relaxation expects a violation: a counterexample
+    candidate that respects the split constraints better than CROWN's."""
     S_all = lb_start.shape[1]
     a, b = network.rows.my_range(S_all)
     best = lb_start[:, a:b].clone()
@@ -43,15 +46,16 @@ def beta_crown(network, ibp, known, lower, upper, C, splits, lb_start,
             betas[name] = torch.zeros(B, S, *s.shape[1:], dtype=lower.dtype,
                                       device=lower.device, requires_grad=True)
     if S == 0 or iterations <= 0:
-        return network.rows.gather(best, S_all)
+        return network.rows.gather(best, S_all), None
     opt = torch.optim.Adam([{"params": list(alphas.values()), "lr": LR_ALPHA},
                             {"params": list(betas.values()), "lr": LR_BETA}], foreach=False)
     for it in range(iterations + 1):
         opt.zero_grad(set_to_none=True)
+        grab = {}
         with torch.enable_grad():    # callers may run under no_grad
             extra = {name: -betas[name] * signs[name] for name in betas}
             lb, _ = network.final_crown(ibp, known, lower, upper, C, alphas, lower_only=True,
-                                        gather=False, extra_A=extra)
+                                        gather=False, extra_A=extra, input_A=grab)
             if it < iterations and lb.requires_grad:
                 (-lb.sum()).backward()
         best = torch.maximum(best, lb.detach())
@@ -63,4 +67,4 @@ def beta_crown(network, ibp, known, lower, upper, C, splits, lb_start,
                 t.clamp_(0, 1)
             for t in betas.values():
                 t.clamp_(min=0)
-    return network.rows.gather(best, S_all)
+    return network.rows.gather(best, S_all), network.rows.gather(grab["lA"].detach(), S_all)
