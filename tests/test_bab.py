@@ -1,6 +1,6 @@
 """Branch and bound: ReLU-split domains with beta-CROWN bounds are sound on their sub-domain,
 parent bounds carried into children stay sound, ReLU splitting proves what alpha-CROWN alone
-cannot and finds counterexamples, and look-ahead input splitting proves and refutes
+cannot and finds counterexamples, and input splitting proves and refutes
 thresholds around a grid-computed minimum."""
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def test_relu_split_proves_below_the_minimum_and_refutes_above(wide_input_net):
 
 def test_input_split_around_a_grid_minimum(tmp_path):
     """Two inputs: a 600 x 600 grid minimum and a Lipschitz constant bracket the true minimum;
-    look-ahead input splitting proves the threshold below and refutes the one above."""
+    input splitting proves the threshold below and refutes the one above."""
     from shardbound.runtime.bab import input_split
 
     model, _ = zoo.mlp(np.random.default_rng(8), sizes=(2, 24, 24, 1))
