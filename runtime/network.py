@@ -76,8 +76,21 @@ class Network:
         ibp, known = self.intermediate_bounds(lower, upper)
         return self.final_crown(ibp, known, lower, upper, C)
 
-    def intermediate_bounds(self, lower, upper) -> tuple[dict[str, Bounds], dict[str, Bounds]]:
-        """(IBP bounds of every node, planned bounds of the nodes that feed ReLUs)."""
+    def intermediate_bounds(self, lower, upper, splits=None, prior=None
+                            ) -> tuple[dict[str, Bounds], dict[str, Bounds]]:
+        """(IBP bounds of every node, planned bounds of the nodes that feed ReLUs).
+
+        `splits` (ReLU branch and bound) maps a node that feeds a ReLU to an int8 tensor
+        (B, *shape): +1 where the domain assumes the neuron active (lower bound raised to 0),
+        -1 inactive (upper bound lowered to 0), 0 free. Clamped bounds feed every later
+        relaxation, so the bounds hold on the sub-domain where the assumptions are true; a
+        clamp can leave lower > upper, meaning that sub-domain is empty.
+
+        `prior` (branch and bound) maps the same nodes to bounds (B, *shape) already known to
+        hold on each box (its parent's: a sub-box of a box, or a sub-domain, keeps them). They
+        are intersected in, and CROWN then runs only for the neurons unstable in some box of
+        the batch under prior and IBP: a stable neuron's relaxation is exact whatever its
+        bounds, so its other rows would buy nothing (measured: most rows of a deep domain)."""
         ibp = self.ibp_all(lower, upper)
         known: dict[str, Bounds] = {}
         refined: dict[str, Bounds] = {}
@@ -90,11 +103,20 @@ class Network:
             how = self.intermediate.get(n.name)
             if how is None or n is self.input:
                 continue
+            base = ibp[n.name]
+            if prior is not None and n.name in prior:
+                base = _intersect(base, prior[n.name])
             if how == "ibp":
-                known[n.name] = (_intersect(refined[n.name], ibp[n.name]) if refine
-                                 else ibp[n.name])
+                known[n.name] = _intersect(refined[n.name], base) if refine else base
+            elif prior is not None and n.name in prior:
+                known[n.name] = self._crown_unstable(n, lower, upper, known, base)
             else:
-                known[n.name] = _intersect(self.crown_node(n, lower, upper, known), ibp[n.name])
+                known[n.name] = _intersect(self.crown_node(n, lower, upper, known), base)
+            if splits is not None and n.name in splits:
+                lo, hi = known[n.name]
+                s = splits[n.name]
+                known[n.name] = (torch.where(s > 0, lo.clamp(min=0), lo),
+                                 torch.where(s < 0, hi.clamp(max=0), hi))
             if refine:
                 refined[n.name] = known[n.name]
             self.ledger.set("bounds", tensor_bytes(
@@ -103,10 +125,15 @@ class Network:
         return ibp, known
 
     def final_crown(self, ibp, known, lower, upper, C=None, alphas=None, input_A=None,
-                    lower_only: bool = False, gather: bool = True) -> Bounds:
+                    lower_only: bool = False, gather: bool = True, relu_A=None,
+                    extra_A=None) -> Bounds:
         """The last backward pass, from the output through C (with alpha slopes if given).
         Pass a dict as `input_A` to receive the lower-side A-matrix at the input ("lA");
-        with `lower_only` the upper bound is not computed (returned as None). Under row
+        with `lower_only` the upper bound is not computed (returned as None); a dict as
+        `relu_A` receives the lower-side A-matrix reaching each ReLU (by ReLU name: ReLU
+        branching scores its neurons with it); `extra_A` maps nodes to lower-side terms
+        (B, S_local, *shape) added to the A-matrix reaching them (beta-CROWN's split
+        multipliers). Under row
         sharding each rank propagates its slice of the spec rows; `gather=False` returns that
         slice (alpha-CROWN optimises it locally) instead of all rows."""
         B = lower.shape[0]
@@ -114,13 +141,15 @@ class Network:
         S = spec.shape[1]
         a, b = self.rows.my_range(S)
         lo, hi = self.backward(self.output, spec[:, a:b], lower, upper, known, alphas, input_A,
-                               lower_only)
+                               lower_only, relu_A, extra_A)
         ilo, ihi = self._ibp_spec(ibp[self.output.name], C, B)
         if not gather:
             return (torch.maximum(lo, ilo[:, a:b]),
                     None if hi is None else torch.minimum(hi, ihi[:, a:b]))
         if input_A is not None:
             input_A["lA"] = self.rows.gather(input_A["lA"], S)
+        for name in (relu_A or {}):
+            relu_A[name] = self.rows.gather(relu_A[name], S)
         lo = self.rows.gather(lo, S)
         hi = None if hi is None else self.rows.gather(hi, S)
         return torch.maximum(lo, ilo), (None if hi is None else torch.minimum(hi, ihi))
@@ -135,22 +164,47 @@ class Network:
         return _interval_matvec(self._spec_matrix(C, B).reshape(B, -1, lo.shape[1]), lo, hi,
                                 self.order)
 
-    def crown_node(self, node: Op, lower, upper, known) -> Bounds:
-        """CROWN bounds of every neuron of `node` (an identity A-matrix), reshaped to it. A tp
-        zone node (holding a slice of its neurons) bounds its own slice (runtime.tp)."""
+    def crown_node(self, node: Op, lower, upper, known, index=None) -> Bounds:
+        """CROWN bounds of every neuron of `node` (an identity A-matrix), reshaped to it; with
+        `index` (flat neuron indices), of those neurons only: (B, len(index)). A tp zone node
+        (holding a slice of its neurons) bounds its own slice (runtime.tp)."""
         if hasattr(node, "crown_bounds"):
+            if index is not None:
+                raise ShardboundError(f"node {node.name!r}: bounds of selected neurons are not "
+                                      "available in tp mode; use --mode single or fsdp")
             return node.crown_bounds(self, lower, upper, known)
         B = lower.shape[0]
         size = math.prod(node.shape)
-        a, b = self.rows.my_range(size)
-        eye = identity_rows(a, b, size, lower.dtype, lower.device).reshape(b - a, *node.shape)
+        rows = size if index is None else len(index)
+        a, b = self.rows.my_range(rows)
+        if index is None:
+            eye = identity_rows(a, b, size, lower.dtype, lower.device)
+        else:
+            eye = torch.zeros(b - a, size, dtype=lower.dtype, device=lower.device)
+            eye[torch.arange(b - a, device=lower.device), index[a:b].to(lower.device)] = 1
+        eye = eye.reshape(b - a, *node.shape)
         A = eye.unsqueeze(0).expand(B, *eye.shape)
         lo, hi = self.backward(node, A, lower, upper, known)
-        both = self.rows.gather(torch.stack([lo, hi], dim=-1), size)
+        both = self.rows.gather(torch.stack([lo, hi], dim=-1), rows)
+        if index is not None:
+            return both[..., 0], both[..., 1]
         return both[..., 0].reshape(B, *node.shape), both[..., 1].reshape(B, *node.shape)
 
+    def _crown_unstable(self, node: Op, lower, upper, known, base: Bounds) -> Bounds:
+        """`base` tightened by CROWN on the neurons unstable under it in some box."""
+        B = lower.shape[0]
+        blo, bhi = base[0].reshape(B, -1), base[1].reshape(B, -1)
+        index = torch.nonzero(((blo < 0) & (bhi > 0)).any(dim=0)).reshape(-1)
+        if len(index) == 0:
+            return base
+        clo, chi = self.crown_node(node, lower, upper, known, index.cpu())
+        lo, hi = blo.clone(), bhi.clone()
+        lo[:, index] = torch.maximum(blo[:, index], clo)
+        hi[:, index] = torch.minimum(bhi[:, index], chi)
+        return lo.reshape(base[0].shape), hi.reshape(base[1].shape)
+
     def backward(self, target: Op, A: torch.Tensor, lower, upper, known, alphas=None,
-                 input_A=None, lower_only: bool = False) -> Bounds:
+                 input_A=None, lower_only: bool = False, relu_A=None, extra_A=None) -> Bounds:
         """Propagate A (B, S, *target.shape) back to the input and concretise over the box.
         With `lower_only`, the upper side is skipped and returned as None."""
         B, S = A.shape[:2]
@@ -164,8 +218,12 @@ class Network:
             if n.name not in lAs or n is self.input:
                 continue
             lA, uA = lAs.pop(n.name), uAs.pop(n.name)
+            if extra_A is not None and n.name in extra_A:
+                lA = lA + extra_A[n.name]
             in_bounds = [known.get(i) for i in n.inputs]
             alpha = alphas.get(n.name) if alphas else None
+            if relu_A is not None and n.kind == "relu":
+                relu_A[n.name] = lA
             l_in, u_in, lb, ub = n.crown_backward(lA, uA, in_bounds, alpha=alpha)
             # The step's inputs, outputs and gathered parameters are all alive here.
             self.ledger.set("a_matrix", tensor_bytes([*lAs.values(), *uAs.values(), lA, uA,

@@ -1,7 +1,8 @@
 """Turn bounds into answers: sat (with a confirmed counterexample), unsat, unknown, timeout.
 
 Per case of the property: (1) a projected-gradient attack; (2) CROWN on the whole box;
-(3) alpha-CROWN; (4) branch and bound by input splitting when the input is small enough.
+(3) alpha-CROWN; (4) branch and bound by input splitting when the input is small enough,
+else a stronger attack and branch and bound by ReLU splitting with beta-CROWN bounds.
 The property is sat as soon as one case has a counterexample that a plain forward pass
 confirms, and unsat when every case is proved. Results follow VNN-COMP.
 """
@@ -18,6 +19,7 @@ import torch
 from shardbound.runtime import alpha as alpha_mod
 from shardbound.runtime.attack import pgd
 from shardbound.runtime.bab import input_split, refuted_conjunctions
+from shardbound.runtime.relu_bab import relu_split
 from shardbound.runtime.spec import Spec, SpecCase, inside_box, outward_box, violated_conjunctions
 
 SPLIT_MAX_INPUTS = 16     # input splitting beyond this many inputs rarely finishes
@@ -147,6 +149,15 @@ class _CaseRunner:
         if x is not None and (cex := self.confirm(x)) is not None:
             self.log("attack-strong")
             return "sat", cex
+        if self.net.relu_nodes():
+            self.log("relu-split")
+            res = relu_split(self.net, self.C, self.d, self.owner, self.lo, self.hi,
+                             self.deadline, self.agree, self.is_violation,
+                             progress=self.progress)
+            self.progress.done()
+            if res.verdict == "sat":
+                return "sat", self.confirm(res.x)
+            return res.verdict, None
         return ("timeout" if time.monotonic() > self.deadline else "unknown"), None
 
 

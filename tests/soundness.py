@@ -64,3 +64,18 @@ def assert_sound(forward, lower, upper, lb, ub, C=None, n=10000, seed=0, label="
                                    f"{int(above.any(0).nonzero()[0])}, max value "
                                    f"{values.max(0).values.tolist()} vs ub {ub.tolist()}")
     return values
+
+
+def attack_min(forward, lo, hi, C, generator):
+    """The lowest value of C f(x) (one row) that sampling and PGD find in the box: an upper
+    estimate of the true minimum. forward: (N, n_in) -> (N, n_out) flattened."""
+    x = sample_box(lo, hi, 20000, generator)
+    x = torch.cat([x, lo + torch.rand(256, lo.numel(), generator=generator) * (hi - lo)])
+    x = x.requires_grad_()
+    for i in range(80):
+        (g,) = torch.autograd.grad((forward(x) @ C.T).sum(), x)
+        with torch.no_grad():
+            x -= (hi - lo) * 0.05 * (1 - i / 80) * g.sign()
+            x.copy_(torch.maximum(torch.minimum(x, hi), lo))
+    with torch.no_grad():
+        return float((forward(x) @ C.T).min())

@@ -1,0 +1,185 @@
+"""Branch and bound by ReLU splitting, for inputs too large to split (MNIST and the like).
+
+A domain is the input box together with sign assumptions on some unstable ReLU neurons
+(active: pre-activation >= 0, inactive: <= 0). Bounding a domain clamps the assumed neurons'
+intermediate bounds at 0 before any later layer is bounded (`Network.intermediate_bounds`
+with `splits`), so every relaxation is valid on the sub-domain where the assumptions hold;
+the two children of a split cover their parent, so proving every leaf proves the box. A
+clamp that leaves lower > upper shows the sub-domain empty: proved. Domains still open after
+CROWN get beta-CROWN bounds (`runtime/beta.py`: the split constraints enter through optimised
+multipliers). A leaf with no unstable neuron left but an open bound is set aside as
+unresolved, never counted as proved.
+
+Branching (BaBSR-like): the unstable neuron with the largest |A| (summed over the spec rows
+still open) times the intercept of its upper relaxation line, -l u / (u - l), i.e. the most
+slack the neuron's relaxation adds to the lower bound. Every open domain also proposes a
+counterexample: per open spec row, the box vertex that minimises that row's linear lower
+bound (beta-CROWN's where it ran); the caller confirms it with a plain forward pass.
+
+Children keep their parent's intermediate bounds as a prior: CROWN then runs only for the
+neurons still unstable under them (measured: 27x more domains per second on mnistfc 256x2).
+
+Domains live on a stack (depth first) of per-ReLU int8 assumption tensors, processed in
+batches. Deterministic: no randomness, and ties break towards the lowest neuron index.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from shardbound.runtime.bab import refuted_conjunctions
+from shardbound.runtime.beta import DEFAULT_ITERATIONS, beta_crown
+
+MAX_DOMAINS = 50_000      # each keeps its parent's intermediate bounds: ~8 bytes a neuron
+
+
+@dataclass
+class ReluBabResult:
+    verdict: str                    # "unsat", "sat", "timeout", "unknown"
+    x: torch.Tensor | None = None   # a candidate counterexample (flattened), for "sat"
+    domains: int = 0                # domains bounded
+    verified_fraction: float = 0.0  # proved share of the tree (each leaf weighs 2^-depth)
+    reason: str = ""
+
+
+def _slack_scores(relus, relu_A, known, open_rows) -> torch.Tensor:
+    """(b, total neurons) branching score; -1 for neurons that are not unstable."""
+    parts = []
+    for relu in relus:
+        lo, hi = known[relu.inputs[0]]
+        b = lo.shape[0]
+        lo, hi = lo.reshape(b, -1), hi.reshape(b, -1)
+        A = relu_A[relu.name].reshape(b, open_rows.shape[1], -1)
+        weight = (A.abs() * open_rows.unsqueeze(-1)).sum(dim=1)
+        unstable = (lo < 0) & (hi > 0)
+        icpt = torch.where(unstable, -lo * hi / torch.where(unstable, hi - lo, torch.ones_like(hi)),
+                           torch.zeros_like(hi))
+        # A tiny share of the intercept alone breaks ties among neurons the spec rows ignore.
+        score = (weight + 1e-6) * icpt
+        parts.append(torch.where(unstable, score, torch.full_like(score, -1.0)))
+    return torch.cat(parts, dim=1)
+
+
+def _optimise(network, ibp, known, lo, hi, C, splits, lb, which, iterations):
+    """(lb with the rows of the domains in `which` raised by beta-CROWN, their indices, their
+    input A-matrices from beta-CROWN or None)."""
+    idx = torch.nonzero(which).reshape(-1)
+    dev_idx = idx.to(lo.device)
+    pick = lambda t: t.index_select(0, dev_idx)                                # noqa: E731
+    sub = lambda m: {k: (pick(v[0]), pick(v[1])) for k, v in m.items()}       # noqa: E731
+    with torch.no_grad():
+        better, lA = beta_crown(network, sub(ibp), sub(known), pick(lo), pick(hi), C,
+                                {k: pick(v) for k, v in splits.items()},
+                                lb.index_select(0, idx).to(lo.device), iterations)
+    out = lb.clone()
+    out[idx] = torch.maximum(out[idx], better.cpu())
+    return out, idx, (None if lA is None else lA.cpu())
+
+
+def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violation,
+               batch: int = 32, progress=None, iterations: int = DEFAULT_ITERATIONS
+               ) -> ReluBabResult:
+    """Prove or refute {x in [lo, hi]: some conjunction of C f(x) <= d} by ReLU splitting.
+
+    agree(flag) -> bool: the flag OR-ed over ranks. is_violation(x (N, n)) -> index of a
+    confirmed counterexample row, or None."""
+    relus = network.relu_nodes()
+    if not relus:
+        return ReluBabResult("unknown", reason="no ReLU to split")
+    names = [r.inputs[0] for r in relus]
+    sizes = [int(np.prod(r.shape)) for r in relus]
+    offsets = np.cumsum([0] + sizes)
+    n_conj = int(owner.max()) + 1
+    dev = network.device
+    Cd = C.to(dev)
+    owner_t = torch.from_numpy(owner)
+    lo_flat, hi_flat = lo.reshape(1, -1), hi.reshape(1, -1)
+    stack = torch.zeros(1, int(offsets[-1]), dtype=torch.int8)       # assumptions per domain
+    bounds = None                       # (N, 2, total neurons): parents' intermediate bounds
+    depth = torch.zeros(1, dtype=torch.float64)
+    bounded, verified, unresolved = 0, 0.0, 0
+    start = time.monotonic()
+    while len(stack):
+        if agree(time.monotonic() > deadline):
+            return ReluBabResult("timeout", domains=bounded, verified_fraction=verified)
+        if len(stack) > MAX_DOMAINS:
+            return ReluBabResult("unknown", domains=bounded, verified_fraction=verified,
+                                 reason=f"more than {MAX_DOMAINS} open domains")
+        take = min(batch, len(stack))
+        dom, ddepth = stack[-take:], depth[-take:]
+        stack, depth = stack[:-take], depth[:-take]
+        prior = None
+        if bounds is not None:
+            pb, bounds = bounds[-take:].to(dev), bounds[:-take]
+            prior = {name: (pb[:, 0, offsets[i]:offsets[i + 1]].reshape(take, *relus[i].shape),
+                            pb[:, 1, offsets[i]:offsets[i + 1]].reshape(take, *relus[i].shape))
+                     for i, name in enumerate(names)}
+        shape = (take, *network.input_shape)
+        blo = lo_flat.expand(take, -1).reshape(shape).to(dev)
+        bhi = hi_flat.expand(take, -1).reshape(shape).to(dev)
+        splits = {name: dom[:, offsets[i]:offsets[i + 1]].reshape(take, *relus[i].shape).to(dev)
+                  for i, name in enumerate(names)}
+        with torch.no_grad():
+            ibp, known = network.intermediate_bounds(blo, bhi, splits=splits, prior=prior)
+            grab, relu_A = {}, {}
+            lb, _ = network.final_crown(ibp, known, blo, bhi, Cd, input_A=grab, lower_only=True,
+                                        relu_A=relu_A)
+        bounded += take
+        lb = lb.cpu()
+        empty = torch.zeros(take, dtype=torch.bool)
+        for name in names:
+            l, h = known[name]
+            empty |= (l > h).reshape(take, -1).any(dim=1).cpu()
+        refuted = refuted_conjunctions(lb, d, owner, n_conj)
+        lA = grab["lA"].cpu().reshape(take, C.shape[0], -1)
+        if iterations > 0 and bool((~(refuted.all(dim=1) | empty)).any()):
+            lb, idx, beta_lA = _optimise(network, ibp, known, blo, bhi, Cd, splits, lb,
+                                         ~(refuted.all(dim=1) | empty), iterations)
+            refuted = refuted_conjunctions(lb, d, owner, n_conj)
+            if beta_lA is not None:
+                lA = lA.clone()
+                lA[idx] = beta_lA.reshape(len(idx), C.shape[0], -1)
+        done = refuted.all(dim=1) | empty
+        verified += float(torch.pow(0.5, ddepth[done]).sum())
+        open_ = ~done
+        if progress is not None:
+            progress(len(stack) + 2 * int(open_.sum()), verified, time.monotonic() - start)
+        if not open_.any():
+            continue
+        open_rows = ~refuted[:, owner_t]                                      # (take, R)
+        # Candidate counterexamples: per open row, the vertex minimising its lower line.
+        sel = open_.unsqueeze(1) & open_rows                                   # (take, R)
+        verts = torch.where(lA > 0, lo_flat.unsqueeze(0), hi_flat.unsqueeze(0))[sel]
+        if len(verts):
+            hit = is_violation(verts)
+            if hit is not None:
+                return ReluBabResult("sat", x=verts[hit], domains=bounded,
+                                     verified_fraction=verified)
+        scores = _slack_scores(relus, relu_A, known, open_rows.to(dev).to(lb.dtype)).cpu()
+        kb = torch.stack([torch.cat([known[nm][0].reshape(take, -1) for nm in names], dim=1),
+                          torch.cat([known[nm][1].reshape(take, -1) for nm in names], dim=1)],
+                         dim=1).cpu()
+        scores, odom, odepth, okb = scores[open_], dom[open_], ddepth[open_], kb[open_]
+        best = scores.argmax(dim=1)
+        splittable = scores.max(dim=1).values >= 0
+        if not bool(splittable.all()):
+            # No unstable neuron left and still open (beta-CROWN's fixed iterations did not
+            # close it): set it aside, never count it as proved.
+            unresolved += int((~splittable).sum())
+        odom, best, odepth = odom[splittable], best[splittable], odepth[splittable]
+        okb = okb[splittable]
+        rows = torch.arange(len(best))
+        active, inactive = odom.clone(), odom.clone()
+        active[rows, best] = 1
+        inactive[rows, best] = -1
+        stack = torch.cat([stack, inactive, active])
+        depth = torch.cat([depth, odepth + 1, odepth + 1])
+        bounds = torch.cat([bounds if bounds is not None else okb[:0], okb, okb])
+    if unresolved:
+        return ReluBabResult("unknown", domains=bounded, verified_fraction=verified,
+                             reason=f"{unresolved} domain(s) with every ReLU split unresolved")
+    return ReluBabResult("unsat", domains=bounded, verified_fraction=1.0)
