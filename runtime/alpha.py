@@ -41,7 +41,10 @@ def alpha_crown(network, lower: torch.Tensor, upper: torch.Tensor, C=None,
         alphas[relu.name] = init.clone().requires_grad_(True)
     unstable = any(bool(((known[r.inputs[0]][0] < 0) & (known[r.inputs[0]][1] > 0)).any())
                    for r in network.relu_nodes())
-    if not alphas or not unstable:   # the same decision on every rank: bounds are identical
+    tp = getattr(network, "tp", None)
+    if tp is not None:      # tp ranks hold different neurons of a zone: agree on the decision
+        unstable = bool(tp.comm.all_reduce_max(torch.tensor([float(unstable)])).item())
+    if not alphas or not unstable:   # the same decision on every rank
         return lb_all, ub
     ledger = network.ledger
     saved = SavedTensorCounter(ledger)

@@ -288,10 +288,6 @@ class Network:
         if method == "alpha-crown":
             from shardbound.runtime.alpha import alpha_crown
 
-            if getattr(self, "tp", None) is not None:
-                raise ShardboundError("alpha-crown is not supported in tp mode yet; use "
-                                      "--method crown, or compile with --mode single or fsdp")
-
             return alpha_crown(self, lower, upper, C)
         raise ShardboundError(f"unknown bound method {method!r}; choose one of {', '.join(METHODS)}")
 

@@ -28,7 +28,7 @@ from safetensors import safe_open
 from shardbound.runtime import contract
 from shardbound.runtime.errors import ShardboundError
 from shardbound.runtime.ops import Affine, Conv2d, Linear, Relu
-from shardbound.runtime.tp_reduce import REDUCTIONS, spatial
+from shardbound.runtime.tp_reduce import REDUCTIONS, local_of_replicated, spatial
 
 
 class TpContext:
@@ -124,6 +124,12 @@ class RowLinear(ZoneOp, Linear):
             return (slice(None), slice(self.red.c0, self.red.c1))
         return (slice(None),)
 
+    def backward_linear(self, A):
+        """A (replicated) -> the A of this rank's input channels; the bias is replicated."""
+        w_t = self.param("weight").t().contiguous()
+        A_in = local_of_replicated(self.red, A, lambda a: contract.matmul(a, w_t, self.order))
+        return [A_in], self._bias_term(A)
+
     def _affine(self, x, w, with_bias=True):
         y = self.red.matmul(x, w)
         b = self.param("bias")
@@ -218,10 +224,18 @@ class RowConv(ZoneOp, Conv2d):
         return y + b.reshape(1, -1, 1, 1) if b is not None else y.contiguous()
 
     def backward_linear(self, A):
-        if self.red.local:
+        if self.red.local and not A.requires_grad:
             return super().backward_linear(A)
-        B, S = self._rows(A)                # no channels here: A_in is empty, the bias is not
-        A_in = A.new_zeros((B, S, *self.in_shapes[0]))
+        B, S = self._rows(A)
+
+        def my_channels(a):                 # the A of this rank's input channels
+            if not self.red.local:
+                return a.new_zeros((B, S, *self.in_shapes[0]))
+            return Conv2d.backward_linear(self, a)[0][0]
+
+        # alpha-CROWN differentiates through A_in: the gradient w.r.t. the replicated A sums
+        # every rank's part (a rank without channels still joins that reduction).
+        A_in = local_of_replicated(self.red, A, my_channels)
         b = self.param("bias")
         if b is None:
             return [A_in], None

@@ -51,11 +51,33 @@ class Reduction:
         return self.c1 - self.c0
 
     def matmul(self, x, w_t, X: int = 1) -> torch.Tensor:
-        """Full `x @ w_t.T` from this rank's slices: x (..., local*X), w_t (N, local*X)."""
-        raise NotImplementedError
+        """Full `x @ w_t.T` from this rank's slices: x (..., local*X), w_t (N, local*X).
+        Differentiable w.r.t. x (alpha-CROWN): the gradient of a sum over ranks w.r.t. this
+        rank's summand is a local product."""
+        if x.requires_grad:
+            return _ReducedMatmul.apply(x, w_t, self, X)
+        return self.reduce_matmul(x, w_t, X)
 
     def dot(self, a, b, X: int = 1) -> torch.Tensor:
         """Full `sum(a * b, -1)` from this rank's slices (b broadcast against a)."""
+        if a.requires_grad:
+            return _ReducedDot.apply(a, b, self, X)
+        return self.reduce_dot(a, b, X)
+
+    def sum_partials(self, t: torch.Tensor) -> torch.Tensor:
+        """Elementwise sum over ranks of equally shaped partials, added in rank order."""
+        def finish(every):
+            total = every[0, 0]
+            for r in range(1, every.shape[0]):
+                total = total + every[r, 0]
+            return total
+
+        return self._gathered(t.unsqueeze(0), finish)
+
+    def reduce_matmul(self, x, w_t, X: int = 1) -> torch.Tensor:
+        raise NotImplementedError
+
+    def reduce_dot(self, a, b, X: int = 1) -> torch.Tensor:
         raise NotImplementedError
 
     def _gathered(self, buf: torch.Tensor, finish) -> torch.Tensor:
@@ -90,7 +112,7 @@ class BlockedReduction(Reduction):
     def _k_ranges(self, X):
         return [(a * X, b * X) for a, b in self.ranges], self.channels * X
 
-    def matmul(self, x, w_t, X=1):
+    def reduce_matmul(self, x, w_t, X=1):
         ranges, K = self._k_ranges(X)
         k0, k1 = ranges[self.comm.rank]
         shape = (*x.shape[:-1], w_t.shape[0])
@@ -98,7 +120,7 @@ class BlockedReduction(Reduction):
                 if k1 > k0 and x.numel() else [])
         return self._combine(mine, shape, ranges, K, x)
 
-    def dot(self, a, b, X=1):
+    def reduce_dot(self, a, b, X=1):
         ranges, K = self._k_ranges(X)
         k0, k1 = ranges[self.comm.rank]
         shape = torch.broadcast_shapes(a.shape, b.shape)[:-1]
@@ -139,12 +161,12 @@ class FastReduction(Reduction):
         size = -(-channels // P)
         return [(min(r * size, channels), min((r + 1) * size, channels)) for r in range(P)]
 
-    def matmul(self, x, w_t, X=1):
+    def reduce_matmul(self, x, w_t, X=1):
         part = torch.matmul(x, w_t.t()) if x.shape[-1] else torch.zeros(
             (*x.shape[:-1], w_t.shape[0]), dtype=x.dtype, device=x.device)
         return self._sum(part)
 
-    def dot(self, a, b, X=1):
+    def reduce_dot(self, a, b, X=1):
         return self._sum((a * b).sum(-1))
 
     def _sum(self, part):
@@ -155,6 +177,68 @@ class FastReduction(Reduction):
             return total
 
         return self._gathered(part.unsqueeze(0), finish)
+
+
+class _ReducedMatmul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w_t, red, X):
+        ctx.save_for_backward(w_t)
+        ctx.order = red.order
+        return red.reduce_matmul(x.detach(), w_t, X)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (w_t,) = ctx.saved_tensors
+        if w_t.shape[1] == 0:           # no channels on this rank
+            return grad.new_zeros((*grad.shape[:-1], 0)), None, None, None
+        return (contract.matmul(grad.contiguous(), w_t.t().contiguous(), ctx.order),
+                None, None, None)
+
+
+class _ReducedDot(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, red, X):
+        ctx.save_for_backward(b)
+        ctx.a_shape = a.shape
+        return red.reduce_dot(a.detach(), b, X)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (b,) = ctx.saved_tensors
+        return (grad.unsqueeze(-1) * b).expand(ctx.a_shape), None, None, None
+
+
+class _LocalOfReplicated(torch.autograd.Function):
+    """y = fn(A): this rank's slice computed from a replicated A. Every rank's slice depends
+    on A, so the gradient w.r.t. A is the sum over ranks of each rank's part: recomputed
+    locally, then reduced (Megatron's conjugate of the reduction above)."""
+
+    @staticmethod
+    def forward(ctx, A, fn, red):
+        ctx.save_for_backward(A)
+        ctx.fn, ctx.red = fn, red
+        with torch.no_grad():
+            return fn(A)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (A,) = ctx.saved_tensors
+        with torch.enable_grad():
+            A_ = A.detach().requires_grad_(True)
+            out = ctx.fn(A_)
+            part = None
+            if out.requires_grad:       # a rank without channels has a constant part
+                (part,) = torch.autograd.grad(out, A_, grad, allow_unused=True)
+        if part is None:
+            part = torch.zeros_like(A)
+        return ctx.red.sum_partials(part.contiguous()), None, None
+
+
+def local_of_replicated(red, A: torch.Tensor, fn):
+    """fn(A) for a replicated A, differentiable across ranks (see _LocalOfReplicated)."""
+    if A.requires_grad:
+        return _LocalOfReplicated.apply(A, fn, red)
+    return fn(A)
 
 
 REDUCTIONS = {cls.name: cls for cls in (BlockedReduction, FastReduction)}
