@@ -170,13 +170,7 @@ class FastReduction(Reduction):
         return self._sum((a * b).sum(-1))
 
     def _sum(self, part):
-        def finish(every):
-            total = every[0, 0]
-            for r in range(1, every.shape[0]):
-                total = total + every[r, 0]
-            return total
-
-        return self._gathered(part.unsqueeze(0), finish)
+        return self.sum_partials(part)
 
 
 class _ReducedMatmul(torch.autograd.Function):
