@@ -11,7 +11,8 @@ import os
 import sys
 
 from shardbound.compiler.errors import ShardboundError
-from shardbound.compiler.verify_cmd import add_verify_arguments, positive_int, run_verify
+from shardbound.compiler.verify_cmd import (add_stream_chunk_argument, add_verify_arguments,
+                                            run_verify)
 from shardbound.runtime.main import ArgumentParser, add_run_arguments, guarded
 
 MODES = ("single", "fsdp", "tp")
@@ -38,9 +39,7 @@ def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
                    help="summation order of every contraction: blocked (default; the same bits "
                         "for any thread count and rank count), exact (correctly rounded: the "
                         "same bits on any BLAS or device), fast (plain BLAS; run-to-run only)")
-    p.add_argument("--stream-chunk-kib", type=positive_int, default=4096, metavar="KIB",
-                   help="fsdp with blocked/exact: gather large weight matrices in blocks of at "
-                        "most this many KiB instead of whole (default 4096)")
+    add_stream_chunk_argument(p)
     p.add_argument("--tp-intermediate", choices=("ibp", "crown"), default="ibp",
                    help="tp mode: intermediate bounds of zone nodes by ibp (default; local, no "
                         "communication, looser) or crown (collectives; single mode's bounds)")

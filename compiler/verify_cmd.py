@@ -25,6 +25,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def add_stream_chunk_argument(p: argparse.ArgumentParser) -> None:
+    """`--stream-chunk-kib`, shared by `compile`, `inspect` and `verify`."""
+    from shardbound.runtime.params import STREAM_CHUNK_BYTES
+
+    default = STREAM_CHUNK_BYTES // 1024
+    p.add_argument("--stream-chunk-kib", type=positive_int, default=default, metavar="KIB",
+                   help="fsdp with blocked/exact: gather large weight matrices in blocks of at "
+                        f"most this many KiB instead of whole (default {default})")
+
+
 def add_verify_arguments(p: argparse.ArgumentParser, modes) -> None:
     p.add_argument("model", metavar="MODEL.onnx")
     p.add_argument("property", metavar="PROP.vnnlib")
@@ -34,9 +44,7 @@ def add_verify_arguments(p: argparse.ArgumentParser, modes) -> None:
                    help="summation order (default fast: branch and bound is dominated by small "
                         "matrix products, where blocked costs 2-7x; pass blocked for verdicts "
                         "that repeat bit for bit across thread counts and --nproc)")
-    p.add_argument("--stream-chunk-kib", type=positive_int, default=4096, metavar="KIB",
-                   help="fsdp with blocked/exact: gather large weight matrices in blocks of at "
-                        "most this many KiB (default 4096)")
+    add_stream_chunk_argument(p)
     p.add_argument("--timeout", type=float, default=300.0, metavar="S",
                    help="give up after S seconds in all (default 300)")
     p.add_argument("--result", metavar="FILE", help="write the VNN-COMP result file")

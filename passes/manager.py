@@ -13,6 +13,7 @@ from shardbound.compiler.errors import ShardboundError
 from shardbound.compiler.ir import Graph
 from shardbound.compiler.naming import is_identifier
 from shardbound.runtime.ops import OP_TYPES
+from shardbound.runtime.params import STREAM_CHUNK_BYTES
 
 PassFn = Callable[[Graph, "PassOptions"], Graph]
 
@@ -24,7 +25,7 @@ class PassOptions:
     intermediate: str = "crown"        # how nodes feeding a ReLU are bounded under CROWN
     summation: str = "blocked"
     nproc: int = 1                     # the world size `inspect` predicts memory for
-    stream_chunk_bytes: int = 4 * 2 ** 20   # fsdp: the most of one weight a rank gathers at once
+    stream_chunk_bytes: int = STREAM_CHUNK_BYTES   # fsdp: most of one weight gathered at once
     tp_intermediate: str = "ibp"       # tp: how zone nodes feeding a ReLU are bounded
 
 

@@ -66,8 +66,6 @@ class Verifier:
         return lb, ub
 
 
-
-
 def read_plan(directory: str) -> dict:
     path = os.path.join(directory, "plan.json")
     if not os.path.isdir(directory):
