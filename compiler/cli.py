@@ -11,12 +11,12 @@ import os
 import sys
 
 from shardbound.compiler.errors import ShardboundError
-from shardbound.compiler.verify_cmd import (add_stream_chunk_argument, add_verify_arguments,
+from shardbound.compiler.verify_cmd import (add_stream_chunk_argument,
+                                            add_tp_intermediate_argument, add_verify_arguments,
                                             run_verify)
 from shardbound.runtime.main import ArgumentParser, add_run_arguments, guarded
 
 MODES = ("single", "fsdp", "tp")
-VERIFY_MODES = ("single", "fsdp")
 SUMMATIONS = ("blocked", "exact", "fast")
 
 
@@ -40,9 +40,7 @@ def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
                         "for any thread count and rank count), exact (correctly rounded: the "
                         "same bits on any BLAS or device), fast (plain BLAS; run-to-run only)")
     add_stream_chunk_argument(p)
-    p.add_argument("--tp-intermediate", choices=("ibp", "crown"), default="ibp",
-                   help="tp mode: intermediate bounds of zone nodes by ibp (default; local, no "
-                        "communication, looser) or crown (collectives; single mode's bounds)")
+    add_tp_intermediate_argument(p)
 
 
 def _options(args):
@@ -99,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="launch P ranks on this machine (gloo on CPU); default 1")
     p.set_defaults(fn=_run)
     p = sub.add_parser("verify", help="verify a VNN-LIB property: sat, unsat, unknown or timeout")
-    add_verify_arguments(p, VERIFY_MODES)
+    add_verify_arguments(p, MODES)
     p.set_defaults(fn=run_verify)
     p = sub.add_parser("inspect", help="print the bound IR of a model, one line per node")
     p.add_argument("model", metavar="MODEL.onnx")

@@ -161,7 +161,7 @@ def input_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violati
     while len(los):
         if agree(time.monotonic() > deadline):
             return BabResult("timeout", domains=bound.bounded, verified_fraction=verified)
-        if len(los) > max_domains:
+        if agree(len(los) > max_domains):    # max_domains is per rank in tp
             return BabResult("unknown", domains=bound.bounded, verified_fraction=verified,
                              reason=f"more than {max_domains} open domains")
         take = min(per_step, len(los))

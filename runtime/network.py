@@ -42,6 +42,7 @@ class Network:
         # tp sets this: "ibp" intermediate bounds start from the tightest bounds known so far
         # (CROWN-tightened ones included) instead of the plain IBP pass from the input box.
         self.refine_ibp = False
+        self.tp = None                  # tp mode: the zone ops' shared context (runtime.tp)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -157,6 +158,25 @@ class Network:
     def relu_nodes(self) -> list[Op]:
         return [n for n in self.nodes if n.kind == "relu"]
 
+    # -- neurons held by this rank (tp zone nodes hold a channel slice) ------------------------
+    def neuron_range(self, node: Op) -> tuple[int, int, int]:
+        """(start, stop, total): the flat indices of `node`'s neurons that this rank holds."""
+        if hasattr(node, "neuron_range"):
+            return node.neuron_range()
+        n = math.prod(node.shape)
+        return 0, n, n
+
+    def gather_neurons(self, node: Op, t: torch.Tensor) -> torch.Tensor:
+        """(b, this rank's neurons of `node`) -> (b, all its neurons), the same on every rank."""
+        return node.gather_neurons(t) if hasattr(node, "gather_neurons") else t
+
+    def any_over_ranks(self, flags: torch.Tensor) -> torch.Tensor:
+        """A bool tensor OR-ed over ranks: decisions taken from rank-local neurons (tp) must
+        agree so that every rank takes the same branch."""
+        if self.tp is None:
+            return flags
+        return self.tp.comm.all_reduce_max(flags.to(torch.float32)) > 0
+
     def _ibp_spec(self, out_bounds: Bounds, C, B: int) -> Bounds:
         lo, hi = out_bounds[0].reshape(B, -1), out_bounds[1].reshape(B, -1)
         if C is None:
@@ -169,10 +189,7 @@ class Network:
         `index` (flat neuron indices), of those neurons only: (B, len(index)). A tp zone node
         (holding a slice of its neurons) bounds its own slice (runtime.tp)."""
         if hasattr(node, "crown_bounds"):
-            if index is not None:
-                raise ShardboundError(f"node {node.name!r}: bounds of selected neurons are not "
-                                      "available in tp mode; use --mode single or fsdp")
-            return node.crown_bounds(self, lower, upper, known)
+            return node.crown_bounds(self, lower, upper, known, index)
         B = lower.shape[0]
         size = math.prod(node.shape)
         rows = size if index is None else len(index)
@@ -195,7 +212,8 @@ class Network:
         B = lower.shape[0]
         blo, bhi = base[0].reshape(B, -1), base[1].reshape(B, -1)
         index = torch.nonzero(((blo < 0) & (bhi > 0)).any(dim=0)).reshape(-1)
-        if len(index) == 0:
+        # A tp zone node may have to join collectives even with no neuron of its own to bound.
+        if len(index) == 0 and not hasattr(node, "crown_bounds"):
             return base
         clo, chi = self.crown_node(node, lower, upper, known, index.cpu())
         lo, hi = blo.clone(), bhi.clone()

@@ -46,8 +46,9 @@ class ReluBabResult:
     reason: str = ""
 
 
-def _slack_scores(relus, relu_A, known, open_rows) -> torch.Tensor:
-    """(b, total neurons) branching score; -1 for neurons that are not unstable."""
+def _slack_scores(network, relus, relu_A, known, open_rows) -> torch.Tensor:
+    """(b, total neurons) branching score; -1 for neurons that are not unstable. A tp rank
+    scores the neurons it holds; the scores are gathered so every rank branches alike."""
     parts = []
     for relu in relus:
         lo, hi = known[relu.inputs[0]]
@@ -60,7 +61,8 @@ def _slack_scores(relus, relu_A, known, open_rows) -> torch.Tensor:
                            torch.zeros_like(hi))
         # A tiny share of the intercept alone breaks ties among neurons the spec rows ignore.
         score = (weight + 1e-6) * icpt
-        parts.append(torch.where(unstable, score, torch.full_like(score, -1.0)))
+        score = torch.where(unstable, score, torch.full_like(score, -1.0))
+        parts.append(network.gather_neurons(relu, score))
     return torch.cat(parts, dim=1)
 
 
@@ -91,8 +93,11 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
     if not relus:
         return ReluBabResult("unknown", reason="no ReLU to split")
     names = [r.inputs[0] for r in relus]
-    sizes = [int(np.prod(r.shape)) for r in relus]
-    offsets = np.cumsum([0] + sizes)
+    # Assumptions cover every neuron (the same on every rank); bounds only the neurons this
+    # rank holds (all of them except in tp zones): `ranges` places a rank's neurons.
+    ranges = [network.neuron_range(r) for r in relus]
+    offsets = np.cumsum([0] + [total for _, _, total in ranges])
+    local = np.cumsum([0] + [stop - start for start, stop, _ in ranges])
     n_conj = int(owner.max()) + 1
     dev = network.device
     Cd = C.to(dev)
@@ -115,14 +120,14 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         prior = None
         if bounds is not None:
             pb, bounds = bounds[-take:].to(dev), bounds[:-take]
-            prior = {name: (pb[:, 0, offsets[i]:offsets[i + 1]].reshape(take, *relus[i].shape),
-                            pb[:, 1, offsets[i]:offsets[i + 1]].reshape(take, *relus[i].shape))
+            prior = {name: (pb[:, 0, local[i]:local[i + 1]].reshape(take, *relus[i].shape),
+                            pb[:, 1, local[i]:local[i + 1]].reshape(take, *relus[i].shape))
                      for i, name in enumerate(names)}
         shape = (take, *network.input_shape)
         blo = lo_flat.expand(take, -1).reshape(shape).to(dev)
         bhi = hi_flat.expand(take, -1).reshape(shape).to(dev)
-        splits = {name: dom[:, offsets[i]:offsets[i + 1]].reshape(take, *relus[i].shape).to(dev)
-                  for i, name in enumerate(names)}
+        splits = {name: dom[:, offsets[i] + ranges[i][0]:offsets[i] + ranges[i][1]]
+                  .reshape(take, *relus[i].shape).to(dev) for i, name in enumerate(names)}
         with torch.no_grad():
             ibp, known = network.intermediate_bounds(blo, bhi, splits=splits, prior=prior)
             grab, relu_A = {}, {}
@@ -134,6 +139,7 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         for name in names:
             l, h = known[name]
             empty |= (l > h).reshape(take, -1).any(dim=1).cpu()
+        empty = network.any_over_ranks(empty)
         refuted = refuted_conjunctions(lb, d, owner, n_conj)
         lA = grab["lA"].cpu().reshape(take, C.shape[0], -1)
         if iterations > 0 and bool((~(refuted.all(dim=1) | empty)).any()):
@@ -159,7 +165,7 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
             if hit is not None:
                 return ReluBabResult("sat", x=verts[hit], domains=bounded,
                                      verified_fraction=verified)
-        scores = _slack_scores(relus, relu_A, known, open_rows.to(dev).to(lb.dtype)).cpu()
+        scores = _slack_scores(network, relus, relu_A, known, open_rows.to(dev).to(lb.dtype)).cpu()
         kb = torch.stack([torch.cat([known[nm][0].reshape(take, -1) for nm in names], dim=1),
                           torch.cat([known[nm][1].reshape(take, -1) for nm in names], dim=1)],
                          dim=1).cpu()

@@ -86,20 +86,40 @@ class ZoneOp:
 class ShardOutput(ZoneOp):
     """A zone op whose output is Shard(0): the column layer and the elementwise ops."""
 
-    def crown_bounds(self, network, lower, upper, known):
+    def crown_bounds(self, network, lower, upper, known, index=None):
         """CROWN bounds of this rank's neurons (the engine's hook for planned crown nodes)."""
-        return crown_zone_node(network, self, lower, upper, known)
+        return crown_zone_node(network, self, lower, upper, known, index)
 
     def _dot(self, a, b):
         if self.ctx.rows_local:
             return contract.dot_last(a, b, self.order)
         return self.red.dot(a, b, spatial(self.full_shape))
 
+    # -- this rank's neurons within the whole node (ReLU branch and bound) -----------------
+    def neuron_range(self) -> tuple[int, int, int]:
+        """(start, stop, total): this rank's neurons as flat indices of the whole node."""
+        X = spatial(self.full_shape)
+        return self.red.c0 * X, self.red.c1 * X, math.prod(self.full_shape)
+
+    def gather_neurons(self, t: torch.Tensor) -> torch.Tensor:
+        """(b, this rank's neurons) -> (b, all neurons), in channel order, on every rank."""
+        X = spatial(self.full_shape)
+        widths = [(c1 - c0) * X for c0, c1 in self.red.ranges]
+        b, width = t.shape[0], max(widths)
+        padded = t.new_zeros((b, width))
+        padded[:, :t.shape[1]] = t
+        every = self.ctx.comm.all_gather_flat(padded.reshape(-1)).reshape(len(widths), b, width)
+        return torch.cat([every[r, :, :w] for r, w in enumerate(widths)], dim=1)
+
 
 class ColumnLinear(ShardOutput, Linear):
     """Weight rows (output neurons) of this rank's channels: output Shard(0)."""
 
     tp_role = "column"
+
+    def forward(self, x):
+        """Differentiable w.r.t. the replicated x (attacks): see Reduction.column_matmul."""
+        return self._with_bias(self.red.column_matmul(x, self.param("weight")))
 
     def backward_linear(self, A):
         w_t = self.param("weight").t().contiguous()
@@ -118,6 +138,9 @@ class RowLinear(ZoneOp, Linear):
 
     def _localize(self):
         self.in_shapes = ((self.red.local,),)
+
+    def forward(self, x):
+        return self._affine(x, self.param("weight"))
 
     def _slice(self, role, shape):
         if role == "weight":
@@ -162,6 +185,10 @@ class ColumnConv(ShardOutput, Conv2d):
     channels) runs as im2col matmul, reduced across ranks before the patches are folded."""
 
     tp_role = "column"
+
+    def forward(self, x):
+        """Differentiable w.r.t. the replicated x, as ColumnLinear.forward."""
+        return local_of_replicated(self.red, x, lambda a: Conv2d.forward(self, a))
 
     def _conv(self, x, w, with_bias=True):
         if w.shape[0] == 0:             # no channels on this rank
@@ -214,7 +241,8 @@ class RowConv(ZoneOp, Conv2d):
         Cout, kh, kw = w.shape[0], *w.shape[2:]
         Ho, Wo = self._out_hw(x, w)
         if x.shape[1] == 0:             # no channels on this rank: it still joins the reduction
-            cols = x.new_zeros((x.shape[0], Ho * Wo, 0))
+            # (an empty view of x, so that gradients reach x's producers and their collectives)
+            cols = x.reshape(x.shape[0], 1, 0).expand(-1, Ho * Wo, 0)
         else:
             cols = F.unfold(x, (kh, kw), dilation=self.dilations, stride=self.strides)
             cols = cols.transpose(1, 2).contiguous()                   # (B, L, c*kh*kw)
@@ -299,42 +327,62 @@ def build_network(module, path: str, comm, ledger, order: str):
 
 
 # -- CROWN bounds of a zone node ------------------------------------------------------------------
-def crown_zone_node(network, node: ShardOutput, lower, upper, known):
-    """CROWN bounds (B, *local shape) of this rank's neurons of a zone node."""
+def crown_zone_node(network, node: ShardOutput, lower, upper, known, index=None):
+    """CROWN bounds (B, *local shape) of this rank's neurons of a zone node; with `index`
+    (flat indices among this rank's neurons, ascending), of those only: (B, len(index))."""
     B = lower.shape[0]
     n = math.prod(node.shape)
-    local_shape = node.shape
+    mine = torch.arange(n) if index is None else torch.as_tensor(index).reshape(-1)
     if node.tp_local_rows:
-        if n == 0:                              # no neurons here, and no collectives to join
-            empty = torch.zeros((B, *local_shape), dtype=lower.dtype, device=lower.device)
-            return empty, empty.clone()
-        eye = torch.eye(n, dtype=lower.dtype, device=lower.device).reshape(n, *local_shape)
-        node.ctx.rows_local = True
-        try:
-            lo, hi = network.backward(node, eye.unsqueeze(0).expand(B, *eye.shape), lower,
-                                      upper, known)
-        finally:
-            node.ctx.rows_local = False
-        return lo.reshape(B, *local_shape), hi.reshape(B, *local_shape)
-    # All rows, this rank's columns, in P row tiles (the same tiles on every rank, so the
-    # collectives match): the replicated parts of the A-matrices (at nodes outside the zone)
-    # and the reduction buffers then fall with P too. Row tiles do not change bits: every
-    # kernel's rows are independent.
-    full = math.prod(node.full_shape)
+        lo, hi = _local_rows(network, node, mine, lower, upper, known)
+    else:
+        lo, hi = _all_rows(network, node, mine, lower, upper, known)
+    if index is None:
+        return lo.reshape(B, *node.shape), hi.reshape(B, *node.shape)
+    return lo, hi
+
+
+def _local_rows(network, node, mine, lower, upper, known):
+    """Each rank bounds its own neurons: no communication, A-matrices of len(mine) rows."""
+    B, n = lower.shape[0], math.prod(node.shape)
+    if len(mine) == 0:                  # nothing to bound here, and no collectives to join
+        empty = torch.zeros((B, 0), dtype=lower.dtype, device=lower.device)
+        return empty, empty.clone()
+    eye = torch.zeros(len(mine), n, dtype=lower.dtype, device=lower.device)
+    eye[torch.arange(len(mine), device=lower.device), mine.to(lower.device)] = 1
+    eye = eye.reshape(len(mine), *node.shape)
+    node.ctx.rows_local = True
+    try:
+        return network.backward(node, eye.unsqueeze(0).expand(B, *eye.shape), lower, upper,
+                                known)
+    finally:
+        node.ctx.rows_local = False
+
+
+def _all_rows(network, node, mine, lower, upper, known):
+    """Every rank carries the rows of every rank's wanted neurons (their union, gathered, so
+    the collectives match) with only its own columns, in P row tiles: the replicated parts of
+    the A-matrices (at nodes outside the zone) and the reduction buffers then fall with P too.
+    Row tiles do not change bits: every kernel's rows are independent."""
+    B, n = lower.shape[0], math.prod(node.shape)
     offset = node.red.c0 * spatial(node.full_shape)
-    tile = -(-full // node.ctx.comm.world)
+    wanted = torch.zeros((1, n), dtype=lower.dtype)
+    wanted[0, mine] = 1
+    rows = torch.nonzero(node.gather_neurons(wanted)[0] > 0).reshape(-1)   # ascending
+    tile = max(1, -(-len(rows) // node.ctx.comm.world))
     los, his = [], []
-    for s0 in range(0, full, tile):
-        s1 = min(s0 + tile, full)
-        r0 = max(s0, offset)                    # this rank's neurons among the tile's rows
-        r1 = max(r0, min(s1, offset + n))
-        eye = torch.zeros(s1 - s0, n, dtype=lower.dtype, device=lower.device)
-        rows = torch.arange(r0, r1, device=lower.device)
-        eye[rows - s0, rows - offset] = 1
-        eye = eye.reshape(s1 - s0, *local_shape)
+    for s0 in range(0, len(rows), tile):
+        chunk = rows[s0:s0 + tile]
+        here = (chunk >= offset) & (chunk < offset + n)           # rows of my own neurons
+        eye = torch.zeros(len(chunk), n, dtype=lower.dtype)
+        eye[torch.nonzero(here).reshape(-1), chunk[here] - offset] = 1
+        eye = eye.to(lower.device).reshape(len(chunk), *node.shape)
         lo, hi = network.backward(node, eye.unsqueeze(0).expand(B, *eye.shape), lower, upper,
                                   known)
-        los.append(lo[:, r0 - s0:r1 - s0])
-        his.append(hi[:, r0 - s0:r1 - s0])
-    return (torch.cat(los, dim=1).reshape(B, *local_shape),
-            torch.cat(his, dim=1).reshape(B, *local_shape))
+        keep = torch.nonzero(here).reshape(-1).to(lower.device)
+        los.append(lo.index_select(1, keep))
+        his.append(hi.index_select(1, keep))
+    if not los:
+        empty = torch.zeros((B, 0), dtype=lower.dtype, device=lower.device)
+        return empty, empty.clone()
+    return torch.cat(los, dim=1), torch.cat(his, dim=1)

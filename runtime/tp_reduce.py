@@ -31,6 +31,9 @@ from shardbound.runtime.summation import (BLOCK, combine_subtotals, shard_k_rang
                                           shard_subtotals, subtree_totals, tree_nodes)
 
 
+GATHER_WHOLE_ELEMENTS = 1 << 16
+
+
 class Reduction:
     """One zone's split on one rank: `ranges` (per-rank channel [start, stop)), this rank's
     (c0, c1), and the reductions of partials over that split."""
@@ -64,6 +67,15 @@ class Reduction:
             return _ReducedDot.apply(a, b, self, X)
         return self.reduce_dot(a, b, X)
 
+    def column_matmul(self, x, w) -> torch.Tensor:
+        """This rank's slice `x @ w.T` of a column layer: x replicated (..., K), w this rank's
+        weight rows (local, K). Differentiable w.r.t. x (attacks): every rank's slice depends
+        on all of x, so the gradient is the reduced sum over ranks of g @ w, which `blocked`
+        adds in single mode's tree (the same bits as single mode's gradient)."""
+        if x.requires_grad:
+            return _ColumnMatmul.apply(x, w, self)
+        return contract.matmul(x, w, self.order)
+
     def sum_partials(self, t: torch.Tensor) -> torch.Tensor:
         """Elementwise sum over ranks of equally shaped partials, added in rank order."""
         def finish(every):
@@ -82,13 +94,15 @@ class Reduction:
 
     def _gathered(self, buf: torch.Tensor, finish) -> torch.Tensor:
         """Reduce buf (count, *shape) -- count partials per rank -- elementwise across ranks:
-        finish(every (P, count, n)) -> (n,). The output is cut into P column chunks, gathered
-        one at a time, so the receive buffer is ~1/P of what one all-gather would need (P
-        times the output); the send and receive buffers are on the ledger ("collective")."""
+        finish(every (P, count, n)) -> (n,). An output of more than GATHER_WHOLE_ELEMENTS is
+        cut into P column chunks, gathered one at a time, so the receive buffer is ~1/P of
+        what one all-gather would need (P times the output); the send and receive buffers are
+        on the ledger ("collective")."""
         P, count, shape = self.comm.world, buf.shape[0], buf.shape[1:]
         M = math.prod(shape)
         flat = buf.reshape(count, M)
-        step = max(1, -(-M // P))
+        # Small outputs go in one all-gather: chunking only pays for large ones (latency).
+        step = M if M <= GATHER_WHOLE_ELEMENTS else max(1, -(-M // P))
         out = torch.empty(M, dtype=buf.dtype, device=buf.device)
         nbytes = (count * M + P * count * step) * buf.element_size()
         self.ledger.add("collective", nbytes)
@@ -105,14 +119,39 @@ class Reduction:
 class BlockedReduction(Reduction):
     name = "blocked"
 
+    def __init__(self, channels: int, comm, ledger, order: str):
+        super().__init__(channels, comm, ledger, order)
+        # A zone of fewer than two 256-blocks sits on one rank: that rank's subtotal is the
+        # whole tree, i.e. the single-process kernel's result, computed in one call and sent
+        # in one broadcast (per-block subtotals cost 1.7x the bound time in branch and bound).
+        owners = [r for r, (c0, c1) in enumerate(self.ranges) if c1 > c0]
+        self.sole_owner = owners[0] if len(owners) == 1 else None
+
     @staticmethod
     def channel_ranges(channels, P):
         return shard_k_ranges(channels, P)
+
+    def _from_sole_owner(self, compute, shape, like) -> torch.Tensor:
+        if self.comm.rank == self.sole_owner:
+            out = compute().contiguous()
+        else:
+            out = torch.empty(shape, dtype=like.dtype, device=like.device)
+        if self.comm.world > 1:
+            nbytes = out.numel() * out.element_size()
+            self.ledger.add("collective", nbytes)
+            try:
+                self.comm.broadcast_(out, self.sole_owner)
+            finally:
+                self.ledger.add("collective", -nbytes)
+        return out
 
     def _k_ranges(self, X):
         return [(a * X, b * X) for a, b in self.ranges], self.channels * X
 
     def reduce_matmul(self, x, w_t, X=1):
+        if self.sole_owner is not None:
+            return self._from_sole_owner(lambda: contract.matmul(x, w_t, self.order),
+                                         (*x.shape[:-1], w_t.shape[0]), x)
         ranges, K = self._k_ranges(X)
         k0, k1 = ranges[self.comm.rank]
         shape = (*x.shape[:-1], w_t.shape[0])
@@ -121,6 +160,9 @@ class BlockedReduction(Reduction):
         return self._combine(mine, shape, ranges, K, x)
 
     def reduce_dot(self, a, b, X=1):
+        if self.sole_owner is not None:
+            shape = torch.broadcast_shapes(a.shape, b.shape)[:-1]
+            return self._from_sole_owner(lambda: contract.dot_last(a, b, self.order), shape, a)
         ranges, K = self._k_ranges(X)
         k0, k1 = ranges[self.comm.rank]
         shape = torch.broadcast_shapes(a.shape, b.shape)[:-1]
@@ -134,10 +176,14 @@ class BlockedReduction(Reduction):
                 return t.reshape(*t.shape[:-1], nb, BLOCK)
 
             ap, bp = blocks_of(a), blocks_of(b)
-            # One block per row of the padded view: each value is the exact block product
-            # rounded once, bitwise what the whole-K dot_last computes for that block.
-            blocks = contract.dot_last(ap, bp, "blocked")
-            mine = subtree_totals(list(blocks.unbind(-1)), k0, k1, K)
+            # One block per row of the padded view: each value depends only on the block's
+            # two vectors, bitwise what the whole-K dot_last computes for that block.
+            if b.dim() == 1:    # one vector (a bias) for every row: one GEMM per block
+                parts = [contract.matmul(ap[..., j, :], bp[j:j + 1], "blocked")[..., 0]
+                         for j in range(nb)]
+            else:
+                parts = list(contract.dot_last(ap, bp, "blocked").unbind(-1))
+            mine = subtree_totals(parts, k0, k1, K)
         return self._combine(mine, shape, ranges, K, a)
 
     def _combine(self, mine, shape, ranges, K, like):
@@ -187,6 +233,19 @@ class _ReducedMatmul(torch.autograd.Function):
             return grad.new_zeros((*grad.shape[:-1], 0)), None, None, None
         return (contract.matmul(grad.contiguous(), w_t.t().contiguous(), ctx.order),
                 None, None, None)
+
+
+class _ColumnMatmul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, red):
+        ctx.save_for_backward(w)
+        ctx.red = red
+        return contract.matmul(x.detach(), w, red.order)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (w,) = ctx.saved_tensors
+        return ctx.red.reduce_matmul(grad.contiguous(), w.t().contiguous()), None, None
 
 
 class _ReducedDot(torch.autograd.Function):

@@ -19,14 +19,17 @@ def compile_to(model_path: str, out_dir: str, **options) -> str:
     return out_dir
 
 
-def run_job(tmp_path, entries, methods, nproc, threads=1, tag="job", bounds=False) -> dict:
-    """Results of tests/rank_driver.py run on `nproc` ranks: {(dir, method): result}."""
+def run_job(tmp_path, entries, methods, nproc, threads=1, tag="job", bounds=False,
+            gradients=False) -> dict:
+    """Results of tests/rank_driver.py run on `nproc` ranks: {(dir, method): result}; with
+    `gradients`, also {(dir, "gradient"): forward values and input gradients}."""
     from shardbound.runtime.launch import launch
 
     job = tmp_path / f"{tag}_{nproc}.json"
     out = tmp_path / f"{tag}_{nproc}_out.json"
     job.write_text(json.dumps({"entries": entries, "methods": methods, "threads": threads,
-                               "timeout": 180, "bounds": bounds}))
+                               "timeout": 180, "bounds": bounds,
+                               "gradients": gradients}))
     if nproc == 1:
         from rank_driver import main
 

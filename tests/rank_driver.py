@@ -28,6 +28,8 @@ def main(job_path, out_path):
     results = []
     for entry in job["entries"]:
         verifier = load(entry["dir"], comm=comm)
+        if job.get("gradients"):
+            results.append(_forward_and_gradient(verifier, entry))
         for method in job["methods"]:
             verifier.network.ledger.reset_peaks()
             lb, ub = verifier.bounds(entry["lower"], entry["upper"], method=method)
@@ -45,6 +47,20 @@ def main(job_path, out_path):
             json.dump({"world": comm.world, "results": results}, f)
     if comm.world > 1:
         exit_rank(0)                  # skip the gloo teardown (see runtime.dist.exit_rank)
+
+
+def _forward_and_gradient(verifier, entry) -> dict:
+    """f(x) and the gradient of w . f(x) w.r.t. x (what the attacks follow) at points of the
+    box: the box's corners and its centre, as one batch."""
+    lo = torch.tensor(entry["lower"]).reshape(1, -1)
+    hi = torch.tensor(entry["upper"]).reshape(1, -1)
+    x = torch.cat([lo, hi, (lo + hi) / 2]).reshape(3, *verifier.input_shape)
+    x.requires_grad_(True)
+    y = verifier.network.forward(x).reshape(3, -1)
+    w = torch.linspace(-1, 1, y.shape[1])
+    (grad,) = torch.autograd.grad((y * w).sum(), x)
+    return {"dir": entry["dir"], "method": "gradient", "sha": bounds_sha256(y.detach(), grad),
+            "y": y.detach().tolist(), "grad": grad.reshape(3, -1).tolist()}
 
 
 if __name__ == "__main__":

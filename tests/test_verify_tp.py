@@ -1,0 +1,143 @@
+"""`verify --mode tp`: attacks follow the same gradients as single mode, and branch and bound
+(input splitting and ReLU splitting with beta-CROWN) gives sound verdicts when a zone's neurons
+are spread over the ranks.
+
+- Forward values and input gradients (what the attacks follow) in tp equal single mode's bit
+  for bit under `blocked` for an MLP whose zones span several ranks (the column layer's
+  gradient is reduced in single mode's tree), and closely for a conv zone and for `fast`.
+- Verdicts on properties that need input splitting or ReLU splitting, for P = 2 and 3 with
+  `fast` (zones split evenly, so every rank holds neurons that branching must choose among):
+  unsat only when single mode proves it too and sampling finds no violation; sat only with a
+  counterexample that onnxruntime confirms.
+- With `blocked` and `--tp-intermediate crown` the result files are byte-identical to single
+  mode's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import zoo
+from multirank import box_entry, compile_to, run_job
+from test_verify import _forward, _parse_result, _verify, _write_property
+
+
+# -- gradients ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def gradients(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tp_gradients")
+    entries = {}
+    for name in ("tp_mlp2", "tp_cnn"):
+        model, shape = zoo.build(name)
+        path = str(tmp / f"{name}.onnx")
+        onnx.save(model, path)
+        rng = np.random.default_rng(2)
+        lo = rng.uniform(-1, 1, shape).astype(np.float32)
+        hi = lo + np.float32(0.3)
+        progs = {"single": compile_to(path, str(tmp / f"{name}_s"), mode="single"),
+                 "blocked": compile_to(path, str(tmp / f"{name}_b"), mode="tp"),
+                 "fast": compile_to(path, str(tmp / f"{name}_f"), mode="tp", summation="fast")}
+        entries[name] = {k: box_entry(d, lo, hi) for k, d in progs.items()}
+    single = run_job(tmp, [e["single"] for e in entries.values()], [], 1, tag="single",
+                     gradients=True)
+    tp_entries = [e[k] for e in entries.values() for k in ("blocked", "fast")]
+    runs = {P: run_job(tmp, tp_entries, [], P, tag="tp", gradients=True) for P in (2, 3)}
+    return entries, single, runs
+
+
+def test_tp_gradients_match_single_mode(gradients):
+    entries, single, runs = gradients
+    for name, e in entries.items():
+        ref = single[(e["single"]["dir"], "gradient")]
+        g_ref = np.asarray(ref["grad"])
+        assert np.abs(g_ref).max() > 0, name
+        for P, got in runs.items():
+            for kind in ("blocked", "fast"):
+                r = got[(e[kind]["dir"], "gradient")]
+                if name == "tp_mlp2" and kind == "blocked":
+                    assert r["sha"] == ref["sha"], (name, P)
+                np.testing.assert_allclose(r["y"], ref["y"], rtol=1e-5, atol=1e-5)
+                np.testing.assert_allclose(r["grad"], g_ref, rtol=1e-4,
+                                           atol=1e-5 * np.abs(g_ref).max())
+
+
+# -- verdicts ---------------------------------------------------------------------------------------
+def _properties(tmp, name, sizes, radius, seed):
+    """A model and two properties on one output difference: sat (above a sampled value), and
+    one that CROWN alone cannot prove (a threshold between CROWN's lower bound and the sampled
+    minimum; single mode proves it unsat)."""
+    from shardbound.runtime.loader import load
+
+    model, _ = zoo.mlp(np.random.default_rng(seed), sizes=sizes)
+    path = tmp / f"{name}.onnx"
+    onnx.save(model, path)
+    n = sizes[0]
+    lower, upper = np.full(n, -radius), np.full(n, radius)
+    net = load(compile_to(str(path), str(tmp / f"{name}_probe")))
+    x = np.random.default_rng(0).uniform(lower, upper, (20000, n)).astype(np.float32)
+    row = np.zeros((1, sizes[-1]))
+    row[0, 0], row[0, 1] = 1.0, -1.0
+    sampled = net.forward(x).numpy().astype(np.float64) @ row.T
+    sampled_min = float(sampled.min())
+    crown, _ = net.bounds(lower.astype(np.float32), upper.astype(np.float32),
+                          C=row.astype(np.float32))
+    crown = float(crown[0])
+    assert crown < sampled_min
+    props = {"sat": sampled_min + 0.2 * (float(np.median(sampled)) - sampled_min),
+             "unsat": crown + 0.3 * (sampled_min - crown)}
+    for prop, d in props.items():
+        _write_property(tmp / f"{name}_{prop}.vnnlib", lower, upper, row, [d])
+    return str(path), model, row, props, sampled_min
+
+
+@pytest.fixture(scope="module")
+def verdict_models(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tp_verify")
+    # 3 inputs: input splitting, 2 zones of 16 neurons (the second needs every rank's rows);
+    # 20 inputs: ReLU splitting, a zone of 24 neurons.
+    return tmp, {"inputs": _properties(tmp, "inputs", (3, 16, 12, 16, 2), 0.5, 7),
+                 "relus": _properties(tmp, "relus", (20, 24, 24, 3), 0.15, 4)}
+
+
+def _run(tmp, path, vnnlib, tag, *args):
+    out = tmp / f"{tag}.txt"
+    res = _verify([path, vnnlib, "--result", str(out), "--timeout", "100", *args], timeout=200)
+    assert res.returncode == 0, res.stderr
+    return res.stdout, out.read_text()
+
+
+@pytest.mark.parametrize("which", ["inputs", "relus"])
+def test_tp_verdicts_are_sound_with_zones_split_over_ranks(verdict_models, which):
+    tmp, models = verdict_models
+    path, model, row, props, sampled_min = models[which]
+    split = "input-split" if which == "inputs" else "relu-split"
+    for prop, d in props.items():
+        vnnlib = str(tmp / f"{which}_{prop}.vnnlib")
+        single, _ = _run(tmp, path, vnnlib, f"{which}_{prop}_single", "--summation", "fast")
+        for P in (2, 3):
+            stdout, text = _run(tmp, path, vnnlib, f"{which}_{prop}_tp{P}", "--mode", "tp",
+                                "--nproc", str(P), "--summation", "fast")
+            verdict, values = _parse_result(text)
+            if prop == "sat":
+                assert verdict == "sat", (which, P, stdout)
+                x = np.array([values[f"X_{i}"] for i in range(len(values)) if f"X_{i}" in values])
+                y = _forward(model, x).astype(np.float64)
+                assert (row @ y <= d).all(), (which, P)
+            else:
+                assert d < sampled_min
+                assert verdict == single.splitlines()[0] == "unsat", (which, prop, P, stdout)
+                assert split in stdout, stdout      # branch and bound was needed
+
+
+def test_tp_blocked_result_files_equal_single(verdict_models):
+    tmp, models = verdict_models
+    for which in ("inputs", "relus"):
+        path = models[which][0]
+        for prop in ("sat", "unsat"):
+            vnnlib = str(tmp / f"{which}_{prop}.vnnlib")
+            _, ref = _run(tmp, path, vnnlib, f"{which}_{prop}_bs", "--summation", "blocked")
+            _, got = _run(tmp, path, vnnlib, f"{which}_{prop}_bt", "--summation", "blocked",
+                          "--mode", "tp", "--nproc", "2", "--tp-intermediate", "crown")
+            assert got == ref, (which, prop)
