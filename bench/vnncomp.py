@@ -20,6 +20,7 @@ import argparse
 import csv
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -134,7 +135,7 @@ def run_one(row, base, tmp, models, args, env) -> Outcome:
         exe = shutil.which("shardbound")
         cmd = ([exe] if exe else [sys.executable, "-m", "shardbound.compiler.cli"])
         cmd += ["verify", onnx_path, vnnlib_path, "--timeout", f"{timeout:g}",
-                "--result", result, "--quiet"]
+                "--result", result, "--quiet", *shlex.split(args.verify_args)]
     else:
         prep = subprocess.run(["bash", PREPARE, "v1", family, onnx_path, vnnlib_path],
                               capture_output=True, text=True, env=env)
@@ -231,7 +232,11 @@ def main(argv=None) -> int:
     p.add_argument("--direct", action="store_true",
                    help="call `shardbound verify` directly instead of run_instance.sh")
     p.add_argument("--keep", metavar="DIR", help="keep the result files in DIR")
+    p.add_argument("--verify-args", default="", metavar="ARGS",
+                   help="more `shardbound verify` options, e.g. \"--mode tp --nproc 2\" "
+                        "(implies --direct)")
     args = p.parse_args(argv)
+    args.direct = args.direct or bool(args.verify_args)
     if not os.path.exists(args.instances):
         sys.exit(f"error: {args.instances}: no such instances file")
     rows = read_instances(args.instances, args.only, args.limit)

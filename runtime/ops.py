@@ -251,7 +251,7 @@ class Conv2d(Op):
         kh, kw = w.shape[2:]
         (sh, sw), (dh, dw) = self.strides, self.dilations
         flat = A.reshape(B * S, *self.shape)
-        if self.order == "fast":
+        if self.order == "fast" and self._transposed_conv_ok:
             out_pad = (Hp - ((Ho - 1) * sh + dh * (kh - 1) + 1),
                        Wp - ((Wo - 1) * sw + dw * (kw - 1) + 1))
             A_pad = F.conv_transpose2d(flat, w, None, self.strides, 0, out_pad, self.groups,
@@ -263,8 +263,19 @@ class Conv2d(Op):
         bias = None
         if b is not None:
             per_channel = contract.sum_last(A.reshape(B, S, self.shape[0], Ho * Wo), self.order)
-            bias = contract.dot_last(per_channel, b, self.order)
+            bias = self._channel_dot(per_channel, b)
         return [A_in], bias
+
+    # Hooks for tp's column conv, whose contractions over output channels are Partial.
+    _transposed_conv_ok = True      # the fast backward may use conv_transpose2d
+
+    def _cout_product(self, A_cols, w_t):
+        """A_cols (N, L, Cout) @ w_t.T: the backward contraction over output channels."""
+        return contract.matmul(A_cols, w_t, self.order)
+
+    def _channel_dot(self, per_channel, b):
+        """The bias term: per-channel sums of A against the bias, over output channels."""
+        return contract.dot_last(per_channel, b, self.order)
 
 
     def _backward_im2col(self, A_flat, w, padded_hw):
@@ -273,14 +284,16 @@ class Conv2d(Op):
         N, Cout = A_flat.shape[:2]
         kh, kw = w.shape[2:]
         G = self.groups
-        A_cols = A_flat.reshape(N, Cout, -1).transpose(1, 2).contiguous()   # (N, L, Cout)
+        L = A_flat.shape[2] * A_flat.shape[3]
+        A_cols = A_flat.reshape(N, Cout, L).transpose(1, 2).contiguous()    # (N, L, Cout)
         out_per_group = Cout // G
         parts = []
         for g in range(G):
-            wg = w[g * out_per_group:(g + 1) * out_per_group].reshape(out_per_group, -1)
-            parts.append(contract.matmul(
+            wg = w[g * out_per_group:(g + 1) * out_per_group].reshape(
+                out_per_group, w.shape[1] * kh * kw)        # explicit: a tp rank may hold none
+            parts.append(self._cout_product(
                 A_cols[..., g * out_per_group:(g + 1) * out_per_group].contiguous(),
-                wg.t().contiguous(), self.order))                          # (N, L, cin_g*kh*kw)
+                wg.t().contiguous()))                                      # (N, L, cin_g*kh*kw)
         cols = parts[0] if G == 1 else torch.cat(parts, dim=-1)
         cols = cols.transpose(1, 2).contiguous()                            # (N, C_in*kh*kw, L)
         return F.fold(cols, padded_hw, (kh, kw), dilation=self.dilations, stride=self.strides)

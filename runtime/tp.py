@@ -182,7 +182,8 @@ class ShardAffine(ShardOutput, Affine):
 
 class ColumnConv(ShardOutput, Conv2d):
     """Output channels of this rank: output Shard(0). The backward product (over output
-    channels) runs as im2col matmul, reduced across ranks before the patches are folded."""
+    channels) runs as im2col matmul (Conv2d's hooks), reduced across ranks before the patches
+    are folded."""
 
     tp_role = "column"
 
@@ -195,30 +196,17 @@ class ColumnConv(ShardOutput, Conv2d):
             return x.new_zeros((x.shape[0], *self.shape))
         return super()._conv(x, w, with_bias)
 
-    def backward_linear(self, A):
-        B, S = self._rows(A)
-        w = self.param("weight")
-        C_in, H, W = self.in_shapes[0]
-        pt, pl, pb, pr = self.pads
-        Hp, Wp = H + pt + pb, W + pl + pr
-        c, Ho, Wo = self.shape
-        kh, kw = w.shape[2:]
-        A_cols = A.reshape(B * S, c, Ho * Wo).transpose(1, 2).contiguous()   # (N, L, c)
-        w2t = w.reshape(c, C_in * kh * kw).t().contiguous()                   # (Cin*kh*kw, c)
+    _transposed_conv_ok = False     # the contraction over output channels is reduced
+
+    def _cout_product(self, A_cols, w_t):
         if self.ctx.rows_local:
-            cols = contract.matmul(A_cols, w2t, self.order)
-        else:
-            cols = self.red.matmul(A_cols, w2t)
-        cols = cols.transpose(1, 2).contiguous()
-        A_pad = F.fold(cols, (Hp, Wp), (kh, kw), dilation=self.dilations, stride=self.strides)
-        A_in = A_pad[:, :, pt:pt + H, pl:pl + W].contiguous().reshape(B, S, C_in, H, W)
-        b = self.param("bias")
-        bias = None
-        if b is not None:
-            per_channel = contract.sum_last(A.reshape(B, S, c, Ho * Wo), self.order)
-            bias = (contract.dot_last(per_channel, b, self.order) if self.ctx.rows_local
-                    else self.red.dot(per_channel, b, 1))
-        return [A_in], bias
+            return contract.matmul(A_cols, w_t, self.order)
+        return self.red.matmul(A_cols, w_t)
+
+    def _channel_dot(self, per_channel, b):
+        if self.ctx.rows_local:
+            return contract.dot_last(per_channel, b, self.order)
+        return self.red.dot(per_channel, b, 1)
 
 
 class RowConv(ZoneOp, Conv2d):

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import warnings
 
 import numpy as np
+import onnx
+
+import zoo
+from conftest import SHARED, random_box
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -55,3 +60,47 @@ def run_job(tmp_path, entries, methods, nproc, threads=1, tag="job", bounds=Fals
 def box_entry(directory, lower, upper) -> dict:
     return {"dir": str(directory), "lower": np.asarray(lower, dtype=np.float32).reshape(-1).tolist(),
             "upper": np.asarray(upper, dtype=np.float32).reshape(-1).tolist()}
+
+
+# -- the models multi-rank tests run ------------------------------------------------------------
+ACAS_BOX_LO = (0.6, -0.5, -0.5, 0.45, -0.5)
+
+
+def zoo_cases(tmp, names, seed: int, radius: float) -> list[tuple]:
+    """(name, onnx path, lower, upper) per zoo model, each with a box from rng(seed)."""
+    out = []
+    for name in names:
+        model, shape = zoo.build(name)
+        path = tmp / f"{name}.onnx"
+        onnx.save(model, path)
+        out.append((name, str(path), *random_box(np.random.default_rng(seed), shape, radius)))
+    return out
+
+
+def shared_cases(acas_net: str = "1_1", acas_lo=ACAS_BOX_LO, acas_width: float = 0.05,
+                 mnist_seed: int | None = 3) -> list[tuple]:
+    """The shared networks when present: an ACAS Xu network (ACASXU_run2a_<acas_net>) on a
+    small box, and mnistfc 256x2 on a +-0.02 box around a random image (none if mnist_seed
+    is None)."""
+    out = []
+    acas = sorted(glob.glob(os.path.join(SHARED, "acasxu", f"ACASXU_run2a_{acas_net}*.onnx")))
+    if acas:
+        lo = np.array(acas_lo, dtype=np.float32)
+        out.append(("acasxu", acas[0], lo, lo + np.float32(acas_width)))
+    mnist = os.path.join(SHARED, "mnistfc", "mnist-net_256x2.onnx")
+    if mnist_seed is not None and os.path.exists(mnist):
+        x = np.random.default_rng(mnist_seed).uniform(0, 1, 784).astype(np.float32)
+        out.append(("mnist", mnist, np.clip(x - 0.02, 0, 1), np.clip(x + 0.02, 0, 1)))
+    return out
+
+
+def compile_pairs(tmp, cases, mode: str, summation: str = "blocked", **options) -> list[tuple]:
+    """(name, single-mode entry, `mode` entry) per case; `options` go to the `mode` program."""
+    pairs = []
+    for name, path, lo, hi in cases:
+        single = compile_to(path, str(tmp / f"{name}_single"), mode="single",
+                            summation=summation)
+        other = compile_to(path, str(tmp / f"{name}_{mode}"), mode=mode, summation=summation,
+                           **options)
+        pairs.append((name, box_entry(single, lo, hi), box_entry(other, lo, hi)))
+    return pairs

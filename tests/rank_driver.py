@@ -1,6 +1,7 @@
 """Run as every rank of a multi-process test job (launched by shardbound.runtime.launch).
 
-argv: JOB.json OUT.json. JOB lists {"dir", "lower", "upper"} entries and "methods"; rank 0
+argv: JOB.json OUT.json. JOB lists {"dir", "lower", "upper"} entries and "methods" (bound
+methods, or "crown-prior": CROWN on a sub-box with the box's bounds as a prior); rank 0
 writes, per entry and method, the bounds_sha256 and the memory ledger (max over ranks), and
 the bounds themselves when JOB has "bounds": true.
 Loading many programs in one job keeps the multi-rank tests to a few process launches.
@@ -32,7 +33,10 @@ def main(job_path, out_path):
             results.append(_forward_and_gradient(verifier, entry))
         for method in job["methods"]:
             verifier.network.ledger.reset_peaks()
-            lb, ub = verifier.bounds(entry["lower"], entry["upper"], method=method)
+            if method == "crown-prior":
+                lb, ub = _crown_with_prior(verifier, entry)
+            else:
+                lb, ub = verifier.bounds(entry["lower"], entry["upper"], method=method)
             memory = max_over_ranks(comm.all_gather_objects(verifier.network.ledger.report()))
             memory["predicted"] = predicted_peak(verifier, comm, method, lb)
             result = {"dir": entry["dir"], "method": method,
@@ -47,6 +51,21 @@ def main(job_path, out_path):
             json.dump({"world": comm.world, "results": results}, f)
     if comm.world > 1:
         exit_rank(0)                  # skip the gloo teardown (see runtime.dist.exit_rank)
+
+
+def _crown_with_prior(verifier, entry):
+    """CROWN on the lower half of the box (along every input) with the whole box's
+    intermediate bounds as a prior, as a branch-and-bound child is bounded: CROWN then runs
+    only for the neurons still unstable."""
+    net = verifier.network
+    shape = (1, *verifier.input_shape)
+    lo = torch.tensor(entry["lower"], dtype=torch.float32).reshape(shape)
+    hi = torch.tensor(entry["upper"], dtype=torch.float32).reshape(shape)
+    mid = (lo + hi) / 2
+    with torch.no_grad():
+        _, known = net.intermediate_bounds(lo, hi)
+        ibp, known = net.intermediate_bounds(lo, mid, prior=known)
+        return net.final_crown(ibp, known, lo, mid)
 
 
 def _forward_and_gradient(verifier, entry) -> dict:

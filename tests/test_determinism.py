@@ -4,50 +4,28 @@ Every comparison is bitwise (bounds_sha256 / torch.equal), never allclose."""
 
 from __future__ import annotations
 
-import glob
-import os
 
 import numpy as np
-import onnx
 import pytest
 import torch
 
-import zoo
-from conftest import SHARED, random_box
-from multirank import box_entry, compile_to, run_job
+from conftest import random_box
+from multirank import compile_pairs, run_job, shared_cases, zoo_cases
 
 MODELS = ("mlp", "cnn_batchnorm", "residual", "cnn_avgpool")
 METHODS = ["ibp", "crown", "alpha-crown"]
 
 
 def _models(tmp):
-    out = []
-    for name in MODELS:
-        model, shape = zoo.build(name)
-        path = tmp / f"{name}.onnx"
-        onnx.save(model, path)
-        out.append((name, str(path), *random_box(np.random.default_rng(21), shape, radius=0.2)))
-    acas = sorted(glob.glob(os.path.join(SHARED, "acasxu", "ACASXU_run2a_1_9*.onnx")))
-    if acas:
-        lo = np.array([-0.3, -0.2, -0.5, 0.3, 0.3], dtype=np.float32)
-        out.append(("acasxu", acas[0], lo, lo + np.float32(0.1)))
-    mnist = os.path.join(SHARED, "mnistfc", "mnist-net_256x2.onnx")
-    if os.path.exists(mnist):
-        x = np.random.default_rng(4).uniform(0, 1, 784).astype(np.float32)
-        out.append(("mnist", mnist, np.clip(x - 0.02, 0, 1), np.clip(x + 0.02, 0, 1)))
-    return out
+    return (zoo_cases(tmp, MODELS, seed=21, radius=0.2)
+            + shared_cases("1_9", (-0.3, -0.2, -0.5, 0.3, 0.3), 0.1, mnist_seed=4))
 
 
 @pytest.fixture(scope="module", params=["blocked", "exact"])
 def compiled(request, tmp_path_factory):
     order = request.param
     tmp = tmp_path_factory.mktemp(f"det_{order}")
-    pairs = []
-    for name, path, lo, hi in _models(tmp):
-        single = compile_to(path, str(tmp / f"{name}_single"), mode="single", summation=order)
-        fsdp = compile_to(path, str(tmp / f"{name}_fsdp"), mode="fsdp", summation=order)
-        pairs.append((name, box_entry(single, lo, hi), box_entry(fsdp, lo, hi)))
-    return order, tmp, pairs
+    return order, tmp, compile_pairs(tmp, _models(tmp), "fsdp", summation=order)
 
 
 def test_bounds_identical_across_threads_and_world_sizes(compiled):

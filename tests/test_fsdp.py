@@ -3,7 +3,6 @@ per-rank slice reading, the memory ledger, and clear failures when a rank dies o
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import subprocess
@@ -19,7 +18,7 @@ from safetensors.torch import save_file
 
 import zoo
 from conftest import SHARED, random_box
-from multirank import box_entry, compile_to, run_job
+from multirank import compile_pairs, compile_to, run_job, shared_cases, zoo_cases
 
 ZOO_MODELS = ("mlp", "cnn_batchnorm", "residual", "cnn_avgpool", "layout_ops")
 
@@ -28,26 +27,8 @@ ZOO_MODELS = ("mlp", "cnn_batchnorm", "residual", "cnn_avgpool", "layout_ops")
 def programs(tmp_path_factory):
     """Every zoo model (and the shared networks) compiled twice: single and fsdp."""
     tmp = tmp_path_factory.mktemp("fsdp")
-    pairs = []
-    models = []
-    for name in ZOO_MODELS:
-        model, shape = zoo.build(name)
-        path = tmp / f"{name}.onnx"
-        onnx.save(model, path)
-        lo, hi = random_box(np.random.default_rng(11), shape, radius=0.2)
-        models.append((name, str(path), lo, hi))
-    acas = sorted(glob.glob(os.path.join(SHARED, "acasxu", "ACASXU_run2a_1_1*.onnx")))
-    mnist = os.path.join(SHARED, "mnistfc", "mnist-net_256x2.onnx")
-    if acas:
-        lo = np.array([0.6, -0.5, -0.5, 0.45, -0.5], dtype=np.float32)
-        models.append(("acasxu", acas[0], lo, lo + np.float32(0.05)))
-    if os.path.exists(mnist):
-        x = np.random.default_rng(3).uniform(0, 1, 784).astype(np.float32)
-        models.append(("mnist", mnist, np.clip(x - 0.02, 0, 1), np.clip(x + 0.02, 0, 1)))
-    for name, path, lo, hi in models:
-        single = compile_to(path, str(tmp / f"{name}_single"), mode="single")
-        fsdp = compile_to(path, str(tmp / f"{name}_fsdp"), mode="fsdp")
-        pairs.append((name, box_entry(single, lo, hi), box_entry(fsdp, lo, hi)))
+    cases = zoo_cases(tmp, ZOO_MODELS, seed=11, radius=0.2) + shared_cases()
+    pairs = compile_pairs(tmp, cases, "fsdp")
     return tmp, pairs
 
 

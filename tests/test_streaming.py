@@ -7,48 +7,14 @@ one block of a weight."""
 
 from __future__ import annotations
 
-import glob
-import os
-
-import numpy as np
-import onnx
-import pytest
-
-import zoo
-from conftest import SHARED, random_box
-from multirank import box_entry, compile_to, run_job
+from multirank import compile_pairs, run_job, shared_cases, zoo_cases
 
 CHUNK = 256      # bytes: 64 floats, smaller than most rows of the test weights
 METHODS = ["ibp", "crown", "alpha-crown"]
 
 
-def _models(tmp, names):
-    models = []
-    for name in names:
-        model, shape = zoo.build(name)
-        path = tmp / f"{name}.onnx"
-        onnx.save(model, path)
-        lo, hi = random_box(np.random.default_rng(5), shape, radius=0.3)
-        models.append((name, str(path), lo, hi))
-    return models
-
-
-def _acas():
-    acas = sorted(glob.glob(os.path.join(SHARED, "acasxu", "ACASXU_run2a_1_2*.onnx")))
-    if not acas:
-        return []
-    lo = np.array([0.6, -0.5, -0.5, 0.45, -0.5], dtype=np.float32)
-    return [("acasxu", acas[0], lo, lo + np.float32(0.05))]
-
-
-def _compile_pairs(tmp, models, order):
-    pairs = []
-    for name, path, lo, hi in models:
-        single = compile_to(path, str(tmp / f"{name}_single"), mode="single", summation=order)
-        fsdp = compile_to(path, str(tmp / f"{name}_fsdp"), mode="fsdp", summation=order,
-                          stream_chunk_bytes=CHUNK)
-        pairs.append((name, box_entry(single, lo, hi), box_entry(fsdp, lo, hi)))
-    return pairs
+def _compile_pairs(tmp, cases, order):
+    return compile_pairs(tmp, cases, "fsdp", summation=order, stream_chunk_bytes=CHUNK)
 
 
 def _check(tmp, pairs, methods, worlds, tag):
@@ -67,14 +33,14 @@ def _check(tmp, pairs, methods, worlds, tag):
 
 
 def test_streamed_bounds_bitwise_equal_single_blocked(tmp_path):
-    models = _models(tmp_path, ("mlp", "residual", "normalized_mlp"))
+    models = zoo_cases(tmp_path, ("mlp", "residual", "normalized_mlp"), seed=5, radius=0.3)
     _check(tmp_path, _compile_pairs(tmp_path, models, "blocked"), METHODS, (3, 4), "zoo")
-    acas = _acas()
+    acas = shared_cases("1_2", mnist_seed=None)
     if acas:     # a real network: 50x50 weights stream one row or column at a time
         _check(tmp_path, _compile_pairs(tmp_path, acas, "blocked"), ["ibp", "crown"], (2,),
                "acas")
 
 
 def test_streamed_bounds_bitwise_equal_single_exact(tmp_path):
-    models = _models(tmp_path, ("mlp", "residual"))
+    models = zoo_cases(tmp_path, ("mlp", "residual"), seed=5, radius=0.3)
     _check(tmp_path, _compile_pairs(tmp_path, models, "exact"), METHODS, (2,), "exact")

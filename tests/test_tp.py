@@ -8,7 +8,6 @@ the shared networks when present), so the whole file costs a handful of process 
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 
@@ -19,31 +18,19 @@ import torch
 
 import zoo
 from conftest import SHARED, random_box
-from multirank import box_entry, compile_to, run_job
+from multirank import box_entry, compile_to, run_job, shared_cases, zoo_cases
 from soundness import assert_sound
 
 TP_MODELS = ("tp_linear_zone", "tp_mlp1", "tp_mlp2", "tp_mlp3", "tp_cnn", "mlp")
 FAST_MODELS = ("tp_mlp2", "tp_cnn")
 METHODS = ["ibp", "crown"]
+# + CROWN on a sub-box with the box's bounds as a prior (branch and bound's children: CROWN
+# only on the still-unstable neurons of each zone node); bounds of a sub-box, so not sampled.
+JOB_METHODS = METHODS + ["crown-prior"]
 
 
 def _models(tmp):
-    out = []
-    for name in TP_MODELS:
-        model, shape = zoo.build(name)
-        path = tmp / f"{name}.onnx"
-        onnx.save(model, path)
-        lo, hi = random_box(np.random.default_rng(5), shape, radius=0.2)
-        out.append((name, str(path), lo, hi))
-    acas = sorted(glob.glob(os.path.join(SHARED, "acasxu", "ACASXU_run2a_1_1*.onnx")))
-    mnist = os.path.join(SHARED, "mnistfc", "mnist-net_256x2.onnx")
-    if acas:
-        lo = np.array([0.6, -0.5, -0.5, 0.45, -0.5], dtype=np.float32)
-        out.append(("acasxu", acas[0], lo, lo + np.float32(0.05)))
-    if os.path.exists(mnist):
-        x = np.random.default_rng(3).uniform(0, 1, 784).astype(np.float32)
-        out.append(("mnist", mnist, np.clip(x - 0.02, 0, 1), np.clip(x + 0.02, 0, 1)))
-    return out
+    return zoo_cases(tmp, TP_MODELS, seed=5, radius=0.2) + shared_cases()
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +48,11 @@ def tp(tmp_path_factory):
             progs["fast"] = compile_to(path, str(tmp / f"{name}_tpf"), mode="tp",
                                        summation="fast")
         cases[name] = (path, lo, hi, {k: box_entry(d, lo, hi) for k, d in progs.items()})
-    single = run_job(tmp, [c[3]["single"] for c in cases.values()], METHODS, 1, tag="single",
-                     bounds=True)
+    single = run_job(tmp, [c[3]["single"] for c in cases.values()], JOB_METHODS, 1,
+                     tag="single", bounds=True)
     tp_entries = [e for c in cases.values() for k, e in c[3].items() if k != "single"]
-    runs = {P: run_job(tmp, tp_entries, METHODS, P, tag="tp", bounds=True) for P in (1, 2, 3, 4)}
+    runs = {P: run_job(tmp, tp_entries, JOB_METHODS, P, tag="tp", bounds=True)
+            for P in (1, 2, 3, 4)}
     return cases, single, runs
 
 
@@ -76,7 +64,7 @@ def test_tp_crown_intermediates_are_bitwise_single_for_p_1_to_4(tp):
     cases, single, runs = tp
     for name, (_, _, _, e) in cases.items():
         for P, got in runs.items():
-            for m in METHODS:
+            for m in JOB_METHODS:
                 assert _get(got, e["crown"], m)["sha"] == _get(single, e["single"], m)["sha"], \
                     (name, m, P)
     if os.path.isdir(SHARED):
@@ -86,7 +74,7 @@ def test_tp_crown_intermediates_are_bitwise_single_for_p_1_to_4(tp):
 def test_tp_default_bounds_identical_across_p_and_ibp_equals_single(tp):
     cases, single, runs = tp
     for name, (_, _, _, e) in cases.items():
-        for m in METHODS:
+        for m in JOB_METHODS:
             shas = {P: _get(got, e["ibp"], m)["sha"] for P, got in runs.items()}
             assert len(set(shas.values())) == 1, (name, m, shas)
         # IBP has no intermediate bounds to choose: it is single mode's, bit for bit.

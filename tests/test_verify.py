@@ -3,7 +3,6 @@ counterexample, result files follow VNN-COMP, and fsdp gives the same verdict.""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 

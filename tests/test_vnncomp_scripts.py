@@ -15,6 +15,7 @@ import pytest
 from onnx import numpy_helper
 
 import zoo
+from test_verify import _forward, _parse_result
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), ".."))
 PREPARE = os.path.join(ROOT, "vnncomp", "prepare_instance.sh")
@@ -48,18 +49,6 @@ def _ibp(model, lower, upper):
             assert node.op_type == "Relu"
             lo, hi = np.maximum(lo, 0), np.maximum(hi, 0)
     return lo, hi
-
-
-def _forward(model, x):
-    ort = pytest.importorskip("onnxruntime")
-    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return s.run(None, {s.get_inputs()[0].name: np.asarray(x, np.float32).reshape(1, -1)})[0][0]
-
-
-def _parse_result(text):
-    lines = text.strip().splitlines()
-    body = " ".join(lines[1:]).replace("(", " ").replace(")", " ").split()
-    return lines[0], {name: float(v) for name, v in zip(body[0::2], body[1::2])}
 
 
 @pytest.fixture(scope="module")
