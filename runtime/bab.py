@@ -73,8 +73,9 @@ def closeness(lb: torch.Tensor, d: np.ndarray, owner: np.ndarray, n_conj: int) -
 class DomainBounds:
     """Bounds batches of boxes: (done, closeness, split key) per box."""
 
-    def __init__(self, network, C, d, owner, chunk: int = 1024):
+    def __init__(self, network, C, d, owner, chunk: int = 1024, root_prior=None):
         self.network, self.C, self.d, self.owner = network, C, d, owner
+        self.root_prior = root_prior    # bounds known on the root box (its first call)
         self.n_conj = int(owner.max()) + 1
         self.chunk = chunk
         self.bounded = 0
@@ -104,6 +105,8 @@ class DomainBounds:
         dlo, dhi = los.reshape(shape).to(net.device), his.reshape(shape).to(net.device)
         if prior is not None:
             prior = self._unflatten(prior.to(net.device), b)
+        elif self.root_prior is not None and b == 1:
+            prior = self.root_prior
         with torch.no_grad():
             ibp, known = net.intermediate_bounds(dlo, dhi, prior=prior)
         if self.shapes is None:
@@ -134,8 +137,8 @@ def _candidates(key, los, his, root_width):
 
 
 def input_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violation,
-                batch: int = 512, progress=None, attack=None, attack_domains: int = 4
-                ) -> BabResult:
+                batch: int = 512, progress=None, attack=None, attack_domains: int = 4,
+                root_prior=None) -> BabResult:
     """Prove or refute {x in [lo, hi]: some conjunction of C f(x) <= d} by input splitting.
 
     agree(flag) -> bool: the flag OR-ed over ranks (so every rank stops together).
@@ -144,8 +147,9 @@ def input_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violati
     each batch whose bounds come closest to a violation (small domains make gradient
     attacks far more effective than on the whole box).
     `batch` is about the number of boxes bounded per step (children of all candidate splits).
+    root_prior: intermediate bounds known on the whole box (every domain inherits them).
     """
-    bound = DomainBounds(network, C, d, owner)
+    bound = DomainBounds(network, C, d, owner, root_prior=root_prior)
     los, his = lo.reshape(1, -1).clone(), hi.reshape(1, -1).clone()
     n = los.shape[1]
     root_width = (hi - lo).reshape(1, -1)

@@ -83,12 +83,13 @@ def _optimise(network, ibp, known, lo, hi, C, splits, lb, which, iterations):
 
 
 def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violation,
-               batch: int = 32, progress=None, iterations: int = DEFAULT_ITERATIONS
-               ) -> ReluBabResult:
+               batch: int = 32, progress=None, iterations: int = DEFAULT_ITERATIONS,
+               root_prior=None) -> ReluBabResult:
     """Prove or refute {x in [lo, hi]: some conjunction of C f(x) <= d} by ReLU splitting.
 
     agree(flag) -> bool: the flag OR-ed over ranks. is_violation(x (N, n)) -> index of a
-    confirmed counterexample row, or None."""
+    confirmed counterexample row, or None. root_prior: intermediate bounds known on the box
+    (keyed like `Network.intermediate_bounds`' planned bounds), inherited by every domain."""
     relus = network.relu_nodes()
     if not relus:
         return ReluBabResult("unknown", reason="no ReLU to split")
@@ -104,7 +105,11 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
     owner_t = torch.from_numpy(owner)
     lo_flat, hi_flat = lo.reshape(1, -1), hi.reshape(1, -1)
     stack = torch.zeros(1, int(offsets[-1]), dtype=torch.int8)       # assumptions per domain
-    bounds = None                       # (N, 2, total neurons): parents' intermediate bounds
+    bounds = None                       # (N, 2, local neurons): parents' intermediate bounds
+    if root_prior is not None and all(name in root_prior for name in names):
+        bounds = torch.stack([torch.cat([root_prior[nm][0].reshape(1, -1) for nm in names], 1),
+                              torch.cat([root_prior[nm][1].reshape(1, -1) for nm in names], 1)],
+                             dim=1).cpu()
     depth = torch.zeros(1, dtype=torch.float64)
     bounded, verified, unresolved = 0, 0.0, 0
     start = time.monotonic()

@@ -1,7 +1,8 @@
 """Turn bounds into answers: sat (with a confirmed counterexample), unsat, unknown, timeout.
 
 Per case of the property: (1) a projected-gradient attack; (2) CROWN on the whole box;
-(3) alpha-CROWN; (4) branch and bound by input splitting when the input is small enough,
+(3) alpha-CROWN, on intermediate bounds tightened by alpha-CROWN (runtime/intermediate_alpha.py)
+that every branch-and-bound domain then inherits; (4) branch and bound by input splitting when the input is small enough,
 else a stronger attack and branch and bound by ReLU splitting with beta-CROWN bounds.
 The property is sat as soon as one case has a counterexample that a plain forward pass
 confirms, and unsat when every case is proved. Results follow VNN-COMP.
@@ -19,6 +20,7 @@ import torch
 from shardbound.runtime import alpha as alpha_mod
 from shardbound.runtime.attack import pgd
 from shardbound.runtime.bab import input_split, refuted_conjunctions
+from shardbound.runtime.intermediate_alpha import optimise_intermediate_bounds
 from shardbound.runtime.relu_bab import relu_split
 from shardbound.runtime.spec import Spec, SpecCase, inside_box, outward_box, violated_conjunctions
 
@@ -130,6 +132,8 @@ class _CaseRunner:
         self.log("crown")
         if self.refuted(lb):
             return "unsat", None
+        # Tighter intermediate bounds for alpha-CROWN, and the root prior of branch and bound.
+        cache = (cache[0], optimise_intermediate_bounds(self.net, lo, hi, cache[1]))
         lb, _ = alpha_mod.alpha_crown(self.net, lo, hi, C_dev, cache=cache)
         lb = lb.cpu()
         self.log("alpha-crown")
@@ -139,7 +143,7 @@ class _CaseRunner:
             self.log("input-split")
             res = input_split(self.net, self.C, self.d, self.owner, self.lo, self.hi,
                               self.deadline, self.agree, self.is_violation, progress=self.progress,
-                              attack=self.domain_attack)
+                              attack=self.domain_attack, root_prior=cache[1])
             self.progress.done()
             if res.verdict == "sat":
                 return "sat", self.confirm(res.x)
@@ -153,7 +157,7 @@ class _CaseRunner:
             self.log("relu-split")
             res = relu_split(self.net, self.C, self.d, self.owner, self.lo, self.hi,
                              self.deadline, self.agree, self.is_violation,
-                             progress=self.progress)
+                             progress=self.progress, root_prior=cache[1])
             self.progress.done()
             if res.verdict == "sat":
                 return "sat", self.confirm(res.x)

@@ -1,0 +1,97 @@
+"""Optimised intermediate bounds: alpha-CROWN on the nodes that feed ReLUs, once, at the root.
+
+alpha-CROWN (runtime/alpha.py) optimises the lower slopes of the final pass only; the
+intermediate bounds stay CROWN's. Yet those bounds decide which neurons are unstable and how
+loose every later relaxation is. Here each planned-CROWN node's bounds are tightened in
+topological order: the lower bound of z and of -z for its unstable neurons (two rows each)
+is maximised over the slopes of the ReLUs before it, by projected Adam from CROWN's slopes,
+and intersected with what was known. Any slope in [0, 1] gives a sound bound, so the result
+is sound whatever the optimiser does; later nodes then see the tightened earlier bounds.
+
+Measured on mnistfc 256x2 (eps 0.03): the unstable neurons of the second layer fall from 132
+to 102 on prop_1, and the final alpha-CROWN margin improves by 20-40% of its gap (prop_1
+-1.81 -> -1.47, prop_0 -0.30 -> -0.18), for about 0.1 s. The verifier runs it once per input
+box and hands the bounds to branch and bound as its root prior: every domain inherits them.
+
+Deterministic (fixed iterations, no randomness). Skipped for tp zone nodes (each rank holds a
+slice of their rows), and for a node whose alpha tensors would exceed `max_alpha_elements`
+(wide networks: rows x earlier ReLU neurons).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+DEFAULT_ITERATIONS = 20
+DEFAULT_LR = 0.25
+MAX_ALPHA_ELEMENTS = 1 << 24        # per node: 64 MiB of slopes (+ Adam's two moments)
+
+
+def optimise_intermediate_bounds(network, lower, upper, known, iterations=DEFAULT_ITERATIONS,
+                                 lr=DEFAULT_LR, max_alpha_elements=MAX_ALPHA_ELEMENTS):
+    """A copy of `known` (planned intermediate bounds on the boxes `lower`, `upper`) with the
+    planned-CROWN nodes tightened by alpha-CROWN."""
+    out = dict(known)
+    if iterations <= 0:
+        return out
+    position = {n.name: i for i, n in enumerate(network.nodes)}
+    for node in network.nodes:
+        if (network.intermediate.get(node.name) != "crown" or node is network.input
+                or hasattr(node, "crown_bounds") or node.name not in out):
+            continue
+        relus = [r for r in network.relu_nodes()
+                 if position[r.name] < position[node.name] and r.inputs[0] in out]
+        lo, hi = out[node.name]
+        B = lo.shape[0]
+        unstable = ((lo < 0) & (hi > 0)).reshape(B, -1).any(dim=0)
+        index = torch.nonzero(unstable).reshape(-1)
+        rows = 2 * len(index)
+        per_row = sum(math.prod(r.shape) for r in relus)
+        if not relus or rows == 0 or B * rows * per_row > max_alpha_elements:
+            continue
+        out[node.name] = _tighten(network, node, relus, index, lower, upper, out, iterations, lr)
+    return out
+
+
+def _tighten(network, node, relus, index, lower, upper, known, iterations, lr):
+    """known[node] intersected with alpha-CROWN bounds of its neurons `index`."""
+    lo, hi = known[node.name]
+    B, n, k = lo.shape[0], math.prod(node.shape), len(index)
+    dev = lower.device
+    eye = torch.zeros(k, n, dtype=lower.dtype, device=dev)
+    eye[torch.arange(k, device=dev), index.to(dev)] = 1
+    A = torch.cat([eye, -eye]).reshape(2 * k, *node.shape)       # rows: z_i, then -z_i
+    A = A.unsqueeze(0).expand(B, *A.shape)
+    alphas = {}
+    for r in relus:
+        l, h = known[r.inputs[0]]
+        init = (h > -l).to(l.dtype).unsqueeze(1).expand(B, 2 * k, *r.shape)
+        alphas[r.name] = init.clone().requires_grad_(True)
+    ledger = network.ledger
+    ledger.set("alpha", 3 * sum(a.numel() * a.element_size() for a in alphas.values()))
+    opt = torch.optim.Adam(list(alphas.values()), lr=lr, foreach=False)
+    best = None
+    try:
+        for it in range(iterations + 1):
+            opt.zero_grad(set_to_none=True)
+            with torch.enable_grad():
+                bound, _ = network.backward(node, A, lower, upper, known, alphas,
+                                            lower_only=True)
+                if it < iterations:
+                    (-bound.sum()).backward()
+            best = bound.detach() if best is None else torch.maximum(best, bound.detach())
+            if it == iterations:
+                break
+            opt.step()
+            with torch.no_grad():
+                for a in alphas.values():
+                    a.clamp_(0, 1)
+    finally:
+        ledger.set("alpha", 0)
+    new_lo, new_hi = lo.reshape(B, n).clone(), hi.reshape(B, n).clone()
+    idx = index.to(dev)
+    new_lo[:, idx] = torch.maximum(new_lo[:, idx], best[:, :k])
+    new_hi[:, idx] = torch.minimum(new_hi[:, idx], -best[:, k:])
+    return new_lo.reshape(lo.shape), new_hi.reshape(hi.shape)
