@@ -66,8 +66,8 @@ def test_tp_gradients_match_single_mode(gradients):
 # -- verdicts ---------------------------------------------------------------------------------------
 def _properties(tmp, name, sizes, radius, seed):
     """A model and two properties on one output difference: sat (above a sampled value), and
-    one that CROWN alone cannot prove (a threshold between CROWN's lower bound and the sampled
-    minimum; single mode proves it unsat)."""
+    one that needs branch and bound (a threshold between the bound verify computes before
+    branch and bound and the sampled minimum; single mode proves it unsat)."""
     from shardbound.runtime.loader import load
 
     model, _ = zoo.mlp(np.random.default_rng(seed), sizes=sizes)
@@ -81,15 +81,31 @@ def _properties(tmp, name, sizes, radius, seed):
     row[0, 0], row[0, 1] = 1.0, -1.0
     sampled = net.forward(x).numpy().astype(np.float64) @ row.T
     sampled_min = float(sampled.min())
-    crown, _ = net.bounds(lower.astype(np.float32), upper.astype(np.float32),
-                          C=row.astype(np.float32))
-    crown = float(crown[0])
-    assert crown < sampled_min
+    best = _root_bound(net.network, lower, upper, row)
+    assert best < sampled_min
     props = {"sat": sampled_min + 0.2 * (float(np.median(sampled)) - sampled_min),
-             "unsat": crown + 0.3 * (sampled_min - crown)}
+             "unsat": best + 0.3 * (sampled_min - best)}
     for prop, d in props.items():
         _write_property(tmp / f"{name}_{prop}.vnnlib", lower, upper, row, [d])
     return str(path), model, row, props, sampled_min
+
+
+def _root_bound(net, lower, upper, row) -> float:
+    """The lower bound of row . f(x) that verify computes before branch and bound
+    (alpha-CROWN on optimised intermediate bounds)."""
+    import torch
+
+    from shardbound.runtime.alpha import alpha_crown
+    from shardbound.runtime.intermediate_alpha import optimise_intermediate_bounds
+
+    lo = torch.tensor(lower, dtype=torch.float32).reshape(1, -1)
+    hi = torch.tensor(upper, dtype=torch.float32).reshape(1, -1)
+    C = torch.tensor(row, dtype=torch.float32)
+    with torch.no_grad():
+        ibp, known = net.intermediate_bounds(lo, hi)
+    known = optimise_intermediate_bounds(net, lo, hi, known)
+    lb, _ = alpha_crown(net, lo, hi, C, cache=(ibp, known))
+    return float(lb[0, 0])
 
 
 @pytest.fixture(scope="module")
