@@ -24,6 +24,8 @@ import math
 
 import torch
 
+from shardbound.runtime.rows import unit_rows
+
 DEFAULT_ITERATIONS = 20
 DEFAULT_LR = 0.25
 MAX_ALPHA_ELEMENTS = 1 << 24        # per node: 64 MiB of slopes (+ Adam's two moments)
@@ -60,8 +62,7 @@ def _tighten(network, node, relus, index, lower, upper, known, iterations, lr):
     lo, hi = known[node.name]
     B, n, k = lo.shape[0], math.prod(node.shape), len(index)
     dev = lower.device
-    eye = torch.zeros(k, n, dtype=lower.dtype, device=dev)
-    eye[torch.arange(k, device=dev), index.to(dev)] = 1
+    eye = unit_rows(index, n, lower.dtype, dev)
     A = torch.cat([eye, -eye]).reshape(2 * k, *node.shape)       # rows: z_i, then -z_i
     A = A.unsqueeze(0).expand(B, *A.shape)
     alphas = {}

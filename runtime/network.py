@@ -20,7 +20,7 @@ from shardbound.runtime import contract
 from shardbound.runtime.errors import ShardboundError
 from shardbound.runtime.ledger import MemoryLedger, tensor_bytes
 from shardbound.runtime.ops import Bounds, Op
-from shardbound.runtime.rows import RowSplit, identity_rows
+from shardbound.runtime.rows import RowSplit, identity_rows, unit_rows
 
 METHODS = ("ibp", "crown", "alpha-crown")
 
@@ -197,8 +197,7 @@ class Network:
         if index is None:
             eye = identity_rows(a, b, size, lower.dtype, lower.device)
         else:
-            eye = torch.zeros(b - a, size, dtype=lower.dtype, device=lower.device)
-            eye[torch.arange(b - a, device=lower.device), index[a:b].to(lower.device)] = 1
+            eye = unit_rows(index[a:b], size, lower.dtype, lower.device)
         eye = eye.reshape(b - a, *node.shape)
         A = eye.unsqueeze(0).expand(B, *eye.shape)
         lo, hi = self.backward(node, A, lower, upper, known)

@@ -66,6 +66,13 @@ def _slack_scores(network, relus, relu_A, known, open_rows) -> torch.Tensor:
     return torch.cat(parts, dim=1)
 
 
+def _flat_bounds(bounds, names, b) -> torch.Tensor:
+    """(b, 2, neurons) on the CPU: the lower and upper bounds of `names`, flattened in order."""
+    return torch.stack([torch.cat([bounds[nm][0].reshape(b, -1) for nm in names], dim=1),
+                        torch.cat([bounds[nm][1].reshape(b, -1) for nm in names], dim=1)],
+                       dim=1).cpu()
+
+
 def _optimise(network, ibp, known, lo, hi, C, splits, lb, which, iterations):
     """(lb with the rows of the domains in `which` raised by beta-CROWN, their indices, their
     input A-matrices from beta-CROWN or None)."""
@@ -107,9 +114,7 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
     stack = torch.zeros(1, int(offsets[-1]), dtype=torch.int8)       # assumptions per domain
     bounds = None                       # (N, 2, local neurons): parents' intermediate bounds
     if root_prior is not None and all(name in root_prior for name in names):
-        bounds = torch.stack([torch.cat([root_prior[nm][0].reshape(1, -1) for nm in names], 1),
-                              torch.cat([root_prior[nm][1].reshape(1, -1) for nm in names], 1)],
-                             dim=1).cpu()
+        bounds = _flat_bounds(root_prior, names, 1)
     depth = torch.zeros(1, dtype=torch.float64)
     bounded, verified, unresolved = 0, 0.0, 0
     start = time.monotonic()
@@ -171,9 +176,7 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
                 return ReluBabResult("sat", x=verts[hit], domains=bounded,
                                      verified_fraction=verified)
         scores = _slack_scores(network, relus, relu_A, known, open_rows.to(dev).to(lb.dtype)).cpu()
-        kb = torch.stack([torch.cat([known[nm][0].reshape(take, -1) for nm in names], dim=1),
-                          torch.cat([known[nm][1].reshape(take, -1) for nm in names], dim=1)],
-                         dim=1).cpu()
+        kb = _flat_bounds(known, names, take)
         scores, odom, odepth, okb = scores[open_], dom[open_], ddepth[open_], kb[open_]
         best = scores.argmax(dim=1)
         splittable = scores.max(dim=1).values >= 0

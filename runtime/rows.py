@@ -48,6 +48,14 @@ class RowSplit:
         return every[:, :rows].contiguous()
 
 
+def unit_rows(index: torch.Tensor, size: int, dtype=torch.float32, device=None) -> torch.Tensor:
+    """One row per entry of `index`: the unit vector e_index[i] of length `size` (the rows of
+    the identity that select those neurons)."""
+    eye = torch.zeros(len(index), size, dtype=dtype, device=device)
+    eye[torch.arange(len(index), device=device), index.to(device)] = 1
+    return eye
+
+
 def identity_rows(start: int, stop: int, size: int, dtype=torch.float32,
                   device=None) -> torch.Tensor:
     """Rows start..stop of the (size x size) identity, without building the whole identity."""

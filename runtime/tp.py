@@ -28,6 +28,7 @@ from safetensors import safe_open
 from shardbound.runtime import contract
 from shardbound.runtime.errors import ShardboundError
 from shardbound.runtime.ops import Affine, Conv2d, Linear, Relu
+from shardbound.runtime.rows import unit_rows
 from shardbound.runtime.tp_reduce import REDUCTIONS, local_of_replicated, spatial
 
 
@@ -324,7 +325,7 @@ def crown_zone_node(network, node: ShardOutput, lower, upper, known, index=None)
     if node.tp_local_rows:
         lo, hi = _local_rows(network, node, mine, lower, upper, known)
     else:
-        lo, hi = _all_rows(network, node, mine, lower, upper, known)
+        lo, hi = _all_rows(network, node, mine, index is None, lower, upper, known)
     if index is None:
         return lo.reshape(B, *node.shape), hi.reshape(B, *node.shape)
     return lo, hi
@@ -336,9 +337,7 @@ def _local_rows(network, node, mine, lower, upper, known):
     if len(mine) == 0:                  # nothing to bound here, and no collectives to join
         empty = torch.zeros((B, 0), dtype=lower.dtype, device=lower.device)
         return empty, empty.clone()
-    eye = torch.zeros(len(mine), n, dtype=lower.dtype, device=lower.device)
-    eye[torch.arange(len(mine), device=lower.device), mine.to(lower.device)] = 1
-    eye = eye.reshape(len(mine), *node.shape)
+    eye = unit_rows(mine, n, lower.dtype, lower.device).reshape(len(mine), *node.shape)
     node.ctx.rows_local = True
     try:
         return network.backward(node, eye.unsqueeze(0).expand(B, *eye.shape), lower, upper,
@@ -347,16 +346,20 @@ def _local_rows(network, node, mine, lower, upper, known):
         node.ctx.rows_local = False
 
 
-def _all_rows(network, node, mine, lower, upper, known):
-    """Every rank carries the rows of every rank's wanted neurons (their union, gathered, so
-    the collectives match) with only its own columns, in P row tiles: the replicated parts of
-    the A-matrices (at nodes outside the zone) and the reduction buffers then fall with P too.
-    Row tiles do not change bits: every kernel's rows are independent."""
+def _all_rows(network, node, mine, every_neuron, lower, upper, known):
+    """Every rank carries the rows of every rank's wanted neurons (all of the node's when
+    `every_neuron`, else their union, gathered, so the collectives match) with only its own
+    columns, in P row tiles: the replicated parts of the A-matrices (at nodes outside the
+    zone) and the reduction buffers then fall with P too. Row tiles do not change bits: every
+    kernel's rows are independent."""
     B, n = lower.shape[0], math.prod(node.shape)
     offset = node.red.c0 * spatial(node.full_shape)
-    wanted = torch.zeros((1, n), dtype=lower.dtype)
-    wanted[0, mine] = 1
-    rows = torch.nonzero(node.gather_neurons(wanted)[0] > 0).reshape(-1)   # ascending
+    if every_neuron:
+        rows = torch.arange(math.prod(node.full_shape))
+    else:
+        wanted = torch.zeros((1, n), dtype=lower.dtype)
+        wanted[0, mine] = 1
+        rows = torch.nonzero(node.gather_neurons(wanted)[0] > 0).reshape(-1)   # ascending
     tile = max(1, -(-len(rows) // node.ctx.comm.world))
     los, his = [], []
     for s0 in range(0, len(rows), tile):

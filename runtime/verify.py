@@ -2,8 +2,8 @@
 
 Per case of the property: (1) a projected-gradient attack; (2) CROWN on the whole box;
 (3) alpha-CROWN, on intermediate bounds tightened by alpha-CROWN (runtime/intermediate_alpha.py)
-that every branch-and-bound domain then inherits; (4) branch and bound by input splitting when the input is small enough,
-else a stronger attack and branch and bound by ReLU splitting with beta-CROWN bounds.
+that every branch-and-bound domain then inherits; (4) branch and bound by input splitting
+when the input is small enough, else a stronger attack and branch and bound by ReLU splitting with beta-CROWN bounds.
 The property is sat as soon as one case has a counterexample that a plain forward pass
 confirms, and unsat when every case is proved. Results follow VNN-COMP.
 """
