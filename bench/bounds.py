@@ -36,7 +36,7 @@ import zoo  # noqa: E402
 
 from shardbound.compiler.driver import compile_model  # noqa: E402
 from shardbound.passes.manager import PassOptions  # noqa: E402
-from shardbound.runtime.loader import load  # noqa: E402
+from shardbound.runtime.program.loader import load  # noqa: E402
 
 SHARED = os.path.normpath(os.path.join(REPO, "..", "shared", "benchmarks"))
 ZOO_SEED = 0

@@ -25,7 +25,7 @@ Each network is compiled three times into a temporary directory: single mode, fs
 default `blocked` summation: weights sharded AND the rows of every CROWN backward pass -- the
 neurons being bounded and the spec rows -- split over the ranks, with the alpha-CROWN alphas of
 a row owned by its rank, and large linear weights streamed in blocks of at most 4 MiB instead
-of gathered whole, runtime/streaming.py) and fsdp with `--summation fast` (weights sharded, no row sharding:
+of gathered whole, runtime/numerics/streaming.py) and fsdp with `--summation fast` (weights sharded, no row sharding:
 with `fast` the split would change bits, so it is off). A box of radius --eps around a seeded
 random point in [0, 1] is written, and `shardbound run` is started through subprocess
 (`sys.executable -m shardbound.compiler.cli run ... --threads 1 --method M`) once in single
@@ -36,7 +36,7 @@ Per run the table shows the memory report of OUT.json (each figure the max over 
 resident weight bytes; the peak of all tracked bytes (weights, gathered weights, CROWN
 A-matrices, bounds, and for alpha-CROWN the slopes with Adam's moments and the tensors the
 autograd graph saves) and its ratio to single mode; the memory model's prediction of that peak
-(`memory.predicted_peak_tracked_bytes`, runtime/memory_model.py; not modelled for
+(`memory.predicted_peak_tracked_bytes`, runtime/accounting/memory_model.py; not modelled for
 alpha-CROWN) and predicted/measured; the peaks of the A-matrices, of the gathered weights
 and of alpha + autograd alone; peak RSS from the OS
 (VmHWM); the bound time (OUT.json `seconds`) and its ratio to single; and whether
@@ -51,7 +51,7 @@ Notes on reading the numbers:
 - Peak RSS includes the Python interpreter, torch and the safetensors file mapping of each
   rank (a few hundred MiB that do not shrink with P), so its cut is smaller than the cut in
   tracked bytes.
-- Peak RSS is VmHWM of each rank (runtime/ledger.py), not inherited from the parent any more.
+- Peak RSS is VmHWM of each rank (runtime/accounting/ledger.py), not inherited from the parent any more.
   Each model is still built and compiled in a child process (`--prepare`, internal) so that
   the driver stays small while the ranks run on a shared machine.
 
@@ -300,7 +300,7 @@ def bench_table(kind, widths, method, args, work, prepared) -> None:
               f"(worst {100 * worst[0]:.1f}%, {worst[1]} P={worst[2]})")
     else:
         print(f"prediction within {PREDICTION_TOLERANCE:.0%}: n/a "
-              f"({method} is not modelled by runtime/memory_model.py)")
+              f"({method} is not modelled by runtime/accounting/memory_model.py)")
     sys.stdout.flush()
 
 

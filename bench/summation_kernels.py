@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from shardbound.runtime import blocked_gemm
-from shardbound.runtime import summation as S
+from shardbound.runtime.numerics import blocked_gemm
+from shardbound.runtime.numerics import summation as S
 
 
 def _grid(x, w):

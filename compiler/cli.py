@@ -14,7 +14,7 @@ from shardbound.compiler.errors import ShardboundError
 from shardbound.compiler.verify_cmd import (add_stream_chunk_argument,
                                             add_tp_intermediate_argument, add_verify_arguments,
                                             run_verify)
-from shardbound.runtime.main import ArgumentParser, add_run_arguments, guarded
+from shardbound.runtime.program.main import ArgumentParser, add_run_arguments, guarded
 
 MODES = ("single", "fsdp", "tp")
 SUMMATIONS = ("blocked", "exact", "fast")
@@ -77,7 +77,7 @@ def _inspect(args) -> int:
 
 
 def _run(args) -> int:
-    from shardbound.runtime.main import run
+    from shardbound.runtime.program.main import run
 
     return run(args.dir, args)
 

@@ -96,11 +96,11 @@ def _op_class(graph: Graph, n) -> tuple[str, str, tuple]:
     role = getattr(place, "role", "replicate")
     if role == "replicate":
         return "ops", OP_TYPES[n.op].__name__, ()
-    from shardbound.runtime.tp import ZONE_OPS
+    from shardbound.runtime.parallel.tp import zone_op
 
     extra = (("tp_zone", place.zone), ("tp_channels", place.channels),
              ("tp_local_rows", place.local_rows))
-    return "tp", ZONE_OPS[(n.op, role)].__name__, extra
+    return "tp", zone_op(n.op, role).__name__, extra
 
 
 def node_views(graph: Graph) -> list[NodeView]:

@@ -27,7 +27,7 @@ def positive_int(text: str) -> int:
 
 def add_stream_chunk_argument(p: argparse.ArgumentParser) -> None:
     """`--stream-chunk-kib`, shared by `compile`, `inspect` and `verify`."""
-    from shardbound.runtime.params import STREAM_CHUNK_BYTES
+    from shardbound.runtime.parallel.params import STREAM_CHUNK_BYTES
 
     default = STREAM_CHUNK_BYTES // 1024
     p.add_argument("--stream-chunk-kib", type=positive_int, default=default, metavar="KIB",
@@ -71,8 +71,8 @@ def run_verify(args) -> int:
     from shardbound.compiler.driver import compile_model
     from shardbound.compiler.vnnlib import parse_vnnlib
     from shardbound.passes.manager import PassOptions
-    from shardbound.runtime.main import run
-    from shardbound.runtime.spec import spec_from_property
+    from shardbound.runtime.program.main import run
+    from shardbound.runtime.verification.spec import spec_from_property
 
     start = time.monotonic()
     prop = parse_vnnlib(args.property)

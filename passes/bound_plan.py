@@ -1,16 +1,17 @@
 """bound_plan: which nodes need intermediate bounds, and by which method.
 
-A ReLU's relaxation needs bounds on its input, so every node that feeds a ReLU is marked with
-the method that bounds it when the final method is CROWN: `crown` (a backward pass from that
-node, tighter) or `ibp` (one forward interval pass, cheaper). IBP as the final method needs no
-plan: it bounds everything on the way.
+A relaxed op (any kernel whose `relaxed` trait is set: ReLU, and every other nonlinear op)
+needs bounds on its inputs, so every node that feeds one is marked with the method that
+bounds it when the final method is CROWN: `crown` (a backward pass from that node, tighter)
+or `ibp` (one forward interval pass, cheaper). IBP as the final method needs no plan: it
+bounds everything on the way.
 """
 
 from __future__ import annotations
 
 from shardbound.compiler.ir import Graph
+from shardbound.passes.traits import op_class
 
-NONLINEAR = ("relu",)
 INTERMEDIATE_METHODS = ("crown", "ibp")
 
 
@@ -19,7 +20,7 @@ def bound_plan(graph: Graph, options) -> Graph:
         raise ValueError(f"unknown intermediate method {options.intermediate!r}")
     needs = {}
     for n in graph.nodes:
-        if n.op in NONLINEAR:
+        if op_class(n).relaxed:
             for i in n.inputs:
                 needs[i] = options.intermediate
     return graph.annotate("bounds", needs)

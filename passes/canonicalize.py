@@ -1,13 +1,16 @@
 """canonicalize: fewer, larger linear nodes before any bound is planned.
 
 Rewrites, applied until none fires (each keeps the function the graph computes, up to float32
-rounding of the folded parameters, which are computed in float64):
-- affine -> affine           merge into one affine
-- linear/conv -> affine      fold a per-feature / per-channel affine (MatMul+Add, BatchNorm)
-- affine -> reshape          move the affine behind the reshape (so it can meet a linear)
-- affine -> linear/conv      fold input normalisation (Sub/Div) into the layer after it (a conv
-                             only takes a shift when it has no zero padding, since padding
-                             happens after the affine)
+rounding of the folded parameters, which are computed in float64). Which ops take part is
+what the kernels declare (runtime/ops/base.py), never their names:
+- affine -> affine           merge two `pointwise_affine` ops into one
+- layer -> affine            fold a per-feature / per-channel affine into the layer before it
+                             (MatMul+Add, BatchNorm): the layer's `absorb_affine_after`
+- affine -> view             move the affine behind a view (`is_view`: a reshape), so it can
+                             meet a layer
+- affine -> layer            fold input normalisation (Sub/Div) into the layer after it: the
+                             layer's `absorb_affine_before` (a conv only takes a shift when it
+                             has no zero padding, since padding happens after the affine)
 Each rewrite needs the first node to have a single consumer. IBP and CROWN are exact on affine
 maps of a box, so folding changes speed, not tightness.
 """
@@ -19,6 +22,7 @@ import dataclasses
 import numpy as np
 
 from shardbound.compiler.ir import Graph, Node
+from shardbound.passes.traits import node_facts, op_class
 
 F64 = np.float64
 
@@ -66,19 +70,22 @@ class _Scratch:
         return None
 
 
+def _facts(s: _Scratch, n: Node):
+    return node_facts(_AsGraph(s), n)
+
+
+class _AsGraph:
+    """The scratch graph seen as a Graph by node_facts (nodes and tensors)."""
+
+    def __init__(self, s: _Scratch):
+        self.nodes, self.tensors = s.nodes, s.tensors
+
+
 def _affine_full(s: _Scratch, n: Node):
     """(scale, shift) of an affine node as arrays of the node's full per-sample shape."""
     scale, shift = s.get(n, "scale"), s.get(n, "shift")
     ones = np.ones(n.shape, dtype=F64)
     return (ones if scale is None else ones * scale), (ones * 0 if shift is None else ones * shift)
-
-
-def _along(full: np.ndarray, axis: int):
-    """The vector `v` with full == v broadcast along `axis`, or None when it varies elsewhere."""
-    moved = np.moveaxis(full, axis, 0).reshape(full.shape[axis], -1)
-    if moved.size and not np.all(moved == moved[:, :1]):
-        return None
-    return moved[:, 0]
 
 
 def _merge_affines(s, first, second):
@@ -92,23 +99,19 @@ def _merge_affines(s, first, second):
 
 def _fold_affine_after(s, layer, affine):
     scale, shift = _affine_full(s, affine)
-    axis = 0 if layer.op == "conv2d" else len(layer.shape) - 1
-    sv, tv = _along(scale, axis), _along(shift, axis)
-    if sv is None or tv is None:
+    folded = op_class(layer).absorb_affine_after(_facts(s, layer), s.get(layer, "weight"),
+                                                 s.get(layer, "bias"), scale, shift)
+    if folded is None:
         return False
-    w = s.get(layer, "weight")
-    b = s.get(layer, "bias")
-    w_new = w * sv.reshape((-1,) + (1,) * (w.ndim - 1))
-    b_new = (np.zeros_like(sv) if b is None else b) * sv + tv
     fused = dataclasses.replace(layer, name=layer.name, origin=f"{layer.origin} + {affine.origin}")
-    s.replace(layer, fused, {"weight": w_new, "bias": b_new})
+    s.replace(layer, fused, {"weight": folded[0], "bias": folded[1]})
     s.remove_passthrough(affine)
     return True
 
 
-def _move_affine_behind_reshape(s, affine, reshape):
+def _move_affine_behind_view(s, affine, reshape):
     scale, shift = _affine_full(s, affine)
-    target = reshape.attr_dict()["target"]
+    target = reshape.shape          # a view keeps the element order: only the shape changes
     moved_reshape = dataclasses.replace(reshape, inputs=affine.inputs)
     moved_affine = dataclasses.replace(affine, inputs=(reshape.name,), shape=reshape.shape)
     i = s.nodes.index(affine)
@@ -128,25 +131,12 @@ def _move_affine_behind_reshape(s, affine, reshape):
 
 def _fold_affine_before(s, affine, layer):
     scale, shift = _affine_full(s, affine)
-    w, b = s.get(layer, "weight"), s.get(layer, "bias")
-    if layer.op == "linear":
-        if len(layer.shape) != 1:
-            return False
-        w_new = w * scale[None, :]
-        b_new = (0 if b is None else b) + w @ shift
-    else:
-        attrs = layer.attr_dict()
-        sv, tv = _along(scale, 0), _along(shift, 0)
-        if sv is None or tv is None or attrs.get("groups", 1) != 1:
-            return False
-        if any(attrs["pads"]) and np.any(tv != 0):
-            return False
-        w_new = w * sv[None, :, None, None]
-        b_new = (0 if b is None else b) + np.einsum("ochw,c->o", w, tv)
-    if b is None:
-        b_new = np.broadcast_to(b_new, (w.shape[0],)).astype(F64)
+    folded = op_class(layer).absorb_affine_before(_facts(s, layer), s.get(layer, "weight"),
+                                                  s.get(layer, "bias"), scale, shift)
+    if folded is None:
+        return False
     fused = dataclasses.replace(layer, inputs=affine.inputs, origin=f"{affine.origin} + {layer.origin}")
-    s.replace(layer, fused, {"weight": w_new, "bias": b_new})
+    s.replace(layer, fused, {"weight": folded[0], "bias": np.asarray(folded[1], dtype=F64)})
     s.nodes.remove(affine)
     return True
 
@@ -156,14 +146,14 @@ def _rewrite_once(s: _Scratch) -> bool:
         user = s.only_consumer(n)
         if user is None:
             continue
-        pair = (n.op, user.op)
-        if pair == ("affine", "affine"):
+        first, second = op_class(n), op_class(user)
+        if first.pointwise_affine and second.pointwise_affine:
             return _merge_affines(s, n, user)
-        if n.op in ("linear", "conv2d") and user.op == "affine" and _fold_affine_after(s, n, user):
+        if second.pointwise_affine and _fold_affine_after(s, n, user):
             return True
-        if pair == ("affine", "reshape"):
-            return _move_affine_behind_reshape(s, n, user)
-        if n.op == "affine" and user.op in ("linear", "conv2d") and _fold_affine_before(s, n, user):
+        if first.pointwise_affine and second.is_view:
+            return _move_affine_behind_view(s, n, user)
+        if first.pointwise_affine and _fold_affine_before(s, n, user):
             return True
     return False
 

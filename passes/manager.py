@@ -13,7 +13,7 @@ from shardbound.compiler.errors import ShardboundError
 from shardbound.compiler.ir import Graph
 from shardbound.compiler.naming import is_identifier
 from shardbound.runtime.ops import OP_TYPES
-from shardbound.runtime.params import STREAM_CHUNK_BYTES
+from shardbound.runtime.parallel.params import STREAM_CHUNK_BYTES
 
 PassFn = Callable[[Graph, "PassOptions"], Graph]
 

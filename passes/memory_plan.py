@@ -1,6 +1,6 @@
 """memory_plan: the predicted per-rank memory of a CROWN run, for the world sizes of interest.
 
-It replays the bound computation on shapes (shardbound.runtime.memory_model, the same model
+It replays the bound computation on shapes (shardbound.runtime.accounting.memory_model, the same model
 `run --json` reports next to the measured ledger) for P = 1, 2, 4 and the `--nproc` asked for,
 with one box and the identity spec. The result is attached to the input node, so `inspect`
 prints it and plan.json carries it.
@@ -9,7 +9,7 @@ prints it and plan.json carries it.
 from __future__ import annotations
 
 from shardbound.compiler.ir import Graph
-from shardbound.runtime.memory_model import NodeShape, predict_peak
+from shardbound.runtime.accounting.memory_model import NodeShape, predict_peak
 
 
 def _shapes(graph: Graph) -> list[NodeShape]:

@@ -1,8 +1,9 @@
 """tp_zones: Megatron-style tensor-parallel zones and the placement of every node.
 
 A zone is a column-parallel layer (linear split on output neurons, conv split on output
-channels; output Shard(0)) -> a chain of elementwise ops (relu, affine; each rank applies them
-to its own channels) -> a row-parallel layer (linear split on input neurons, conv split on input
+channels; output Shard(0)) -> a chain of elementwise ops (any kernel whose `tp_roles` include
+"elementwise": it acts on each channel alone, so each rank applies it to its own channels) ->
+a row-parallel layer (linear split on input neurons, conv split on input
 channels; output Partial, finished by the summation order's fixed-order reduction, then
 Replicate). Zones are found greedily in topological order along single-consumer chains: the
 column layer and every op in the chain feed only the next op of the chain. Everything else is
@@ -22,9 +23,9 @@ from __future__ import annotations
 
 from shardbound.compiler.errors import ShardboundError
 from shardbound.compiler.ir import Graph, Node
-from shardbound.runtime.tp_reduce import REDUCTIONS, channel_ranges
+from shardbound.passes.traits import all_facts, op_class
+from shardbound.runtime.parallel.tp_reduce import REDUCTIONS, channel_ranges
 
-ELEMENTWISE = ("relu", "affine")
 TP_INTERMEDIATE = ("ibp", "crown")
 
 
@@ -44,22 +45,16 @@ class Placement(str):
         return p
 
 
-def _column_channels(n: Node) -> int | None:
-    if n.op == "linear" and len(n.shape) == 1:
-        return n.shape[0]
-    if n.op == "conv2d" and n.attr_dict().get("groups", 1) == 1 and len(n.shape) == 3:
-        return n.shape[0]
-    return None
+def _channels(facts, n: Node, role: str) -> int | None:
+    """How many channels `n` splits as a zone's column or row layer (None: it cannot)."""
+    cls = op_class(n)
+    if role not in cls.tp_roles_of(facts[n.name]):
+        return None
+    return cls.tp_channels(facts[n.name], role)
 
 
-def _is_row(n: Node, graph: Graph, channels: int, src: Node) -> bool:
-    if n.inputs != (src.name,):
-        return False
-    if n.op == "linear" and len(src.shape) == 1:
-        return graph.tensors[n.param("weight")].shape[1] == channels
-    if n.op == "conv2d" and n.attr_dict().get("groups", 1) == 1 and len(src.shape) == 3:
-        return graph.tensors[n.param("weight")].shape[1] == channels
-    return False
+def _is_elementwise(facts, n: Node) -> bool:
+    return "elementwise" in op_class(n).tp_roles_of(facts[n.name])
 
 
 def find_zones(graph: Graph) -> list[tuple[Node, list[Node], Node]]:
@@ -70,8 +65,9 @@ def find_zones(graph: Graph) -> list[tuple[Node, list[Node], Node]]:
             consumers[i].append(n)
     taken: set[str] = set()
     zones = []
+    facts = all_facts(graph)
     for col in graph.nodes:
-        channels = _column_channels(col)
+        channels = _channels(facts, col, "column")
         if channels is None or col.name in taken:
             continue
         chain, cur = [], col
@@ -79,11 +75,11 @@ def find_zones(graph: Graph) -> list[tuple[Node, list[Node], Node]]:
             nxt = consumers[cur.name][0]
             if nxt.name in taken:
                 break
-            if _is_row(nxt, graph, channels, cur):
+            if nxt.inputs == (cur.name,) and _channels(facts, nxt, "row") == channels:
                 zones.append((col, chain, nxt))
                 taken.update([col.name, nxt.name, *(c.name for c in chain)])
                 break
-            if nxt.op not in ELEMENTWISE or nxt.inputs != (cur.name,):
+            if not _is_elementwise(facts, nxt) or nxt.inputs != (cur.name,):
                 break
             chain.append(nxt)
             cur = nxt

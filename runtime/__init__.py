@@ -4,6 +4,6 @@ No ONNX and no jinja2 here: a compiled program runs with torch, safetensors and 
 """
 
 from shardbound.runtime.errors import ShardboundError
-from shardbound.runtime.loader import Verifier, load
+from shardbound.runtime.program.loader import Verifier, load
 
 __all__ = ["ShardboundError", "Verifier", "load"]

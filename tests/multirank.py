@@ -28,7 +28,7 @@ def run_job(tmp_path, entries, methods, nproc, threads=1, tag="job", bounds=Fals
             gradients=False) -> dict:
     """Results of tests/rank_driver.py run on `nproc` ranks: {(dir, method): result}; with
     `gradients`, also {(dir, "gradient"): forward values and input gradients}."""
-    from shardbound.runtime.launch import launch
+    from shardbound.runtime.parallel.launch import launch
 
     job = tmp_path / f"{tag}_{nproc}.json"
     out = tmp_path / f"{tag}_{nproc}_out.json"

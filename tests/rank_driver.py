@@ -1,4 +1,4 @@
-"""Run as every rank of a multi-process test job (launched by shardbound.runtime.launch).
+"""Run as every rank of a multi-process test job (launched by shardbound.runtime.parallel.launch).
 
 argv: JOB.json OUT.json. JOB lists {"dir", "lower", "upper"} entries and "methods" (bound
 methods, or "crown-prior": CROWN on a sub-box with the box's bounds as a prior); rank 0
@@ -12,12 +12,12 @@ import sys
 
 import torch
 
-from shardbound.runtime import dist
-from shardbound.runtime.dist import exit_rank
-from shardbound.runtime.ledger import max_over_ranks
-from shardbound.runtime.loader import load
-from shardbound.runtime.main import predicted_peak
-from shardbound.runtime.report import bounds_sha256
+from shardbound.runtime.parallel import dist
+from shardbound.runtime.parallel.dist import exit_rank
+from shardbound.runtime.accounting.ledger import max_over_ranks
+from shardbound.runtime.program.loader import load
+from shardbound.runtime.program.main import predicted_peak
+from shardbound.runtime.program.report import bounds_sha256
 
 
 def main(job_path, out_path):

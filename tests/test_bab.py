@@ -75,7 +75,7 @@ def test_relu_split_domains_are_sound(tmp_path):
     """Random sign assumptions on unstable neurons: the clamped CROWN bound and the
     beta-CROWN bound hold at every sampled or attacked point of the sub-domain; a domain found
     empty has no such point; beta helps somewhere."""
-    from shardbound.runtime.beta import beta_crown
+    from shardbound.runtime.engine.beta import beta_crown
 
     net = _load(tmp_path, zoo.mlp(np.random.default_rng(3), sizes=(5, 12, 12, 3))[0])
     gen = torch.Generator().manual_seed(0)
@@ -140,8 +140,8 @@ def wide_input_net(tmp_path_factory):
 
 
 def test_relu_split_proves_below_the_minimum_and_refutes_above(wide_input_net):
-    from shardbound.runtime.alpha import alpha_crown
-    from shardbound.runtime.relu_bab import relu_split
+    from shardbound.runtime.engine.alpha import alpha_crown
+    from shardbound.runtime.verification.relu_split import relu_split
 
     net = wide_input_net
     C = torch.tensor([[1.0, -1.0, 0.0]])
@@ -181,7 +181,7 @@ def test_relu_split_proves_below_the_minimum_and_refutes_above(wide_input_net):
 def test_input_split_around_a_grid_minimum(tmp_path):
     """Two inputs: a 600 x 600 grid minimum and a Lipschitz constant bracket the true minimum;
     input splitting proves the threshold below and refutes the one above."""
-    from shardbound.runtime.bab import input_split
+    from shardbound.runtime.verification.input_split import input_split
 
     model, _ = zoo.mlp(np.random.default_rng(8), sizes=(2, 24, 24, 1))
     net = _load(tmp_path, model)

@@ -15,7 +15,7 @@ import random
 import pytest
 import torch
 
-from shardbound.runtime import summation as S
+from shardbound.runtime.numerics import summation as S
 
 from test_summation import data, same, threads, with_threads
 
@@ -119,7 +119,7 @@ def test_dot_last_shapes_equal_matmul_of_the_same_vectors(K):
 def test_portable_kernel_keeps_the_guarantees(monkeypatch):
     """Without MKL (or off the CPU) the block products come from the exact-grid kernel:
     the same invariances, within its documented error."""
-    from shardbound.runtime import blocked_gemm
+    from shardbound.runtime.numerics import blocked_gemm
     x, w = data((20, 1300), 31, spread=1.0), data((40, 1300), 32)
     pinned = S.blocked_matmul(x, w)
     monkeypatch.setattr(blocked_gemm, "available", lambda t: False)
@@ -139,7 +139,7 @@ def test_gradients_through_thread_tiles_and_compact_results():
     """alpha-CROWN differentiates through the ordered products: the worker threads that
     compute tiles must not trip autograd, and gradients keep the thread-invariant bits.
     Results own exactly their bytes (the memory ledger counts storage)."""
-    from shardbound.runtime import contract
+    from shardbound.runtime.numerics import contract
     x, w = data((300, 600), 41), data((200, 600), 42)
 
     def grad(t):

@@ -215,7 +215,7 @@ def _in_process(entry: str, argv, work, capsys, monkeypatch) -> subprocess.Compl
     import torch
 
     from shardbound.compiler.cli import compile_main, main
-    from shardbound.runtime.main import program_main
+    from shardbound.runtime.program.main import program_main
 
     monkeypatch.chdir(work)
     threads = torch.get_num_threads()

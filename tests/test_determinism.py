@@ -62,7 +62,7 @@ def test_fast_order_repeats_run_to_run(compile_zoo):
 def test_exact_contraction_is_independent_of_block_order_and_threads():
     """The same contraction with its K axis permuted (another block order) and under 1 and 2
     threads: `exact` gives the same bits; the float64 reference agrees to 1 ulp."""
-    from shardbound.runtime import contract
+    from shardbound.runtime.numerics import contract
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(37, 1000, generator=g)

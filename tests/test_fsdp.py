@@ -79,8 +79,8 @@ class _FakeComm:
 @pytest.mark.parametrize("shape", [(7,), (5, 3), (4, 3, 2, 2), (1,), (13, 1)])
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_each_rank_reads_only_its_slice(tmp_path, shape, world):
-    from shardbound.runtime.ledger import MemoryLedger
-    from shardbound.runtime.params import ShardedParam, shard_range
+    from shardbound.runtime.accounting.ledger import MemoryLedger
+    from shardbound.runtime.parallel.params import ShardedParam, shard_range
 
     full = torch.arange(int(np.prod(shape)), dtype=torch.float32).reshape(shape) + 1
     path = tmp_path / "w.safetensors"

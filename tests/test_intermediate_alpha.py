@@ -1,4 +1,4 @@
-"""Optimised intermediate bounds (runtime/intermediate_alpha.py): sound by sampling and
+"""Optimised intermediate bounds (runtime/engine/intermediate_alpha.py): sound by sampling and
 projected-gradient attacks on every tightened node, never looser than CROWN's, tighter on a
 deep MLP (fewer unstable neurons), and bitwise repeatable."""
 
@@ -47,7 +47,7 @@ MODELS = {
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_optimised_intermediate_bounds_are_sound_and_no_looser(tmp_path, name):
-    from shardbound.runtime.intermediate_alpha import optimise_intermediate_bounds
+    from shardbound.runtime.engine.intermediate_alpha import optimise_intermediate_bounds
 
     model, shape = MODELS[name]()
     net = _network(tmp_path, model, name)
@@ -69,7 +69,7 @@ def test_optimised_intermediate_bounds_are_sound_and_no_looser(tmp_path, name):
 
 
 def test_optimised_intermediate_bounds_cut_unstable_neurons_and_repeat(tmp_path):
-    from shardbound.runtime.intermediate_alpha import optimise_intermediate_bounds
+    from shardbound.runtime.engine.intermediate_alpha import optimise_intermediate_bounds
 
     model, shape = MODELS["deep_mlp"]()
     net = _network(tmp_path, model, "deep_mlp")

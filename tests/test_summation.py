@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from shardbound.runtime import blocktree as BT
-from shardbound.runtime import ozaki as oz
-from shardbound.runtime import summation as S
+from shardbound.runtime.numerics import blocktree as BT
+from shardbound.runtime.numerics import ozaki as oz
+from shardbound.runtime.numerics import summation as S
 
 DET_ORDERS = ("blocked", "exact")
 

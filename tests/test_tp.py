@@ -207,7 +207,7 @@ def test_program_comments_and_determinism(tmp_path):
     program = outs[0]["program.py"].decode()
     assert "# tp: zone0 column: out Shard(0) of 260" in program
     assert "tp.ColumnConv(" in program and "tp.RowConv(" in program
-    assert "tp_zone=0" in program and "from shardbound.runtime import tp" in program
+    assert "tp_zone=0" in program and "from shardbound.runtime.parallel import tp" in program
     assert json.loads(outs[0]["plan.json"])["mode"] == "tp"
 
 
@@ -216,9 +216,9 @@ def test_each_rank_reads_only_its_slices(tmp_path, monkeypatch):
     it holds add up, over the ranks, to the model's (each zone weight once)."""
     from safetensors import safe_open
 
-    from shardbound.runtime import tp as tp_runtime
-    from shardbound.runtime.ledger import MemoryLedger
-    from shardbound.runtime.loader import import_program
+    from shardbound.runtime.parallel import tp as tp_runtime
+    from shardbound.runtime.accounting.ledger import MemoryLedger
+    from shardbound.runtime.program.loader import import_program
 
     model, _ = zoo.build("tp_mlp2")
     onnx.save(model, tmp_path / "m.onnx")

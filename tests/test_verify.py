@@ -63,9 +63,9 @@ def test_random_properties_never_get_a_wrong_verdict(small_net):
     from shardbound.compiler.vnnlib import parse_vnnlib
     from shardbound.passes.manager import PassOptions
     from shardbound.runtime import load
-    from shardbound.runtime.dist import SingleComm
-    from shardbound.runtime.spec import spec_from_property
-    from shardbound.runtime.verify import verify
+    from shardbound.runtime.parallel.dist import SingleComm
+    from shardbound.runtime.verification.spec import spec_from_property
+    from shardbound.runtime.verification.verdict import verify
 
     tmp, path, model = small_net
     compile_model(path, str(tmp / "prog"), PassOptions())

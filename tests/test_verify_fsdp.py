@@ -16,7 +16,7 @@ from test_verify import _verify, _write_property
 
 @pytest.fixture(scope="module")
 def properties(tmp_path_factory):
-    from shardbound.runtime.loader import load
+    from shardbound.runtime.program.loader import load
 
     tmp = tmp_path_factory.mktemp("verify_fsdp")
     model, _ = zoo.mlp(np.random.default_rng(7), sizes=(3, 16, 16, 2))

@@ -68,7 +68,7 @@ def _properties(tmp, name, sizes, radius, seed):
     """A model and two properties on one output difference: sat (above a sampled value), and
     one that needs branch and bound (a threshold between the bound verify computes before
     branch and bound and the sampled minimum; single mode proves it unsat)."""
-    from shardbound.runtime.loader import load
+    from shardbound.runtime.program.loader import load
 
     model, _ = zoo.mlp(np.random.default_rng(seed), sizes=sizes)
     path = tmp / f"{name}.onnx"
@@ -95,8 +95,8 @@ def _root_bound(net, lower, upper, row) -> float:
     (alpha-CROWN on optimised intermediate bounds)."""
     import torch
 
-    from shardbound.runtime.alpha import alpha_crown
-    from shardbound.runtime.intermediate_alpha import optimise_intermediate_bounds
+    from shardbound.runtime.engine.alpha import alpha_crown
+    from shardbound.runtime.engine.intermediate_alpha import optimise_intermediate_bounds
 
     lo = torch.tensor(lower, dtype=torch.float32).reshape(1, -1)
     hi = torch.tensor(upper, dtype=torch.float32).reshape(1, -1)

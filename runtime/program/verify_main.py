@@ -4,11 +4,11 @@ from __future__ import annotations
 
 
 def run_verify_rank(directory: str, args) -> int:
-    from shardbound.runtime import dist
-    from shardbound.runtime.loader import load
-    from shardbound.runtime.main import write_output
-    from shardbound.runtime.spec import read_spec
-    from shardbound.runtime.verify import verify
+    from shardbound.runtime.parallel import dist
+    from shardbound.runtime.program.loader import load
+    from shardbound.runtime.program.report import write_output
+    from shardbound.runtime.verification.spec import read_spec
+    from shardbound.runtime.verification.verdict import verify
 
     spec = read_spec(args.verify)
     with dist.rank_session(args.threads, args.timeout, getattr(args, "device", "cpu")) as comm:

@@ -25,11 +25,11 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from shardbound.runtime import contract
+from shardbound.runtime.numerics import contract
 from shardbound.runtime.errors import ShardboundError
-from shardbound.runtime.ops import Affine, Conv2d, Linear, Relu
-from shardbound.runtime.rows import unit_rows
-from shardbound.runtime.tp_reduce import REDUCTIONS, local_of_replicated, spatial
+from shardbound.runtime.ops import OP_TYPES, Conv2d, Linear
+from shardbound.runtime.parallel.rows import unit_rows
+from shardbound.runtime.parallel.tp_reduce import REDUCTIONS, local_of_replicated, spatial
 
 
 class TpContext:
@@ -166,16 +166,20 @@ class RowLinear(ZoneOp, Linear):
         return yc - yr, yc + yr
 
 
-class ShardRelu(ShardOutput, Relu):
+class ShardElementwise(ShardOutput):
+    """An op that acts on each channel alone (its kernel declares the tp role "elementwise"),
+    holding this rank's channels: inputs and output Shard(0). Constants broadcast to the sample
+    shape are sliced on their channel dim when they have one (same rank as the sample shape
+    and more than one channel), else kept whole. `zone_op` makes one such class per kernel."""
+
     tp_role = "elementwise"
 
-
-class ShardAffine(ShardOutput, Affine):
-    tp_role = "elementwise"
+    def _localize(self):
+        super()._localize()
+        self.full_in_shapes = self.in_shapes
+        self.in_shapes = tuple((self.red.local, *s[1:]) for s in self.in_shapes)
 
     def _slice(self, role, shape):
-        """Constants broadcast to the sample shape: slice their channel dim when they have one
-        (same rank as the sample shape and more than one channel), else keep them whole."""
         if len(shape) == len(self.full_shape) and shape and shape[0] == self.tp_channels > 1:
             return (slice(self.red.c0, self.red.c1),)
         return ()
@@ -261,9 +265,35 @@ class RowConv(ZoneOp, Conv2d):
         return [A_in], contract.dot_last(per_channel, b, self.order)
 
 
-ZONE_OPS = {("linear", "column"): ColumnLinear, ("linear", "row"): RowLinear,
-            ("conv2d", "column"): ColumnConv, ("conv2d", "row"): RowConv,
-            ("relu", "elementwise"): ShardRelu, ("affine", "elementwise"): ShardAffine}
+# Layers split on their output (column) or input (row) channels have kernels of their own:
+# their contractions become Partial. Elementwise zone ops are made from any kernel that
+# declares the role (see zone_op).
+LAYER_ZONE_OPS = {(Linear, "column"): ColumnLinear, (Linear, "row"): RowLinear,
+                  (Conv2d, "column"): ColumnConv, (Conv2d, "row"): RowConv}
+_ELEMENTWISE: dict[type, type] = {}
+
+
+def zone_op(kind: str, role: str) -> type:
+    """The zone kernel of IR op `kind` in tp role `role` ("column", "row", "elementwise")."""
+    cls = OP_TYPES[kind]
+    if role != "elementwise":
+        return LAYER_ZONE_OPS[(cls, role)]
+    if "elementwise" not in cls.tp_roles:
+        raise KeyError(f"{cls.__name__} does not declare the tp role 'elementwise'")
+    made = _ELEMENTWISE.get(cls)
+    if made is None:
+        made = _ELEMENTWISE[cls] = type(f"Shard{cls.__name__}", (ShardElementwise, cls),
+                                        {"__module__": __name__, "__doc__": cls.__doc__})
+    return made
+
+
+def __getattr__(name: str):
+    """`tp.Shard<Kernel>` in a generated program: the elementwise zone op of that kernel."""
+    if name.startswith("Shard"):
+        for kind, cls in OP_TYPES.items():
+            if cls.__name__ == name[len("Shard"):] and "elementwise" in cls.tp_roles:
+                return zone_op(kind, "elementwise")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # -- parameters and binding ---------------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from shardbound.runtime.dist import SingleComm
+from shardbound.runtime.parallel.dist import SingleComm
 
 
 class RowSplit:

@@ -1,18 +1,19 @@
-"""Branch and bound by ReLU splitting, for inputs too large to split (MNIST and the like).
+"""Branch and bound by splitting relaxed neurons, for inputs too large to split (MNIST and the
+like). Every op that declares itself `splittable` (ReLU and the other kinks at 0) takes part.
 
-A domain is the input box together with sign assumptions on some unstable ReLU neurons
-(active: pre-activation >= 0, inactive: <= 0). Bounding a domain clamps the assumed neurons'
+A domain is the input box together with sign assumptions on some inexact neurons of
+splittable ops (active: the op's input >= 0, inactive: <= 0). Bounding a domain clamps the assumed neurons'
 intermediate bounds at 0 before any later layer is bounded (`Network.intermediate_bounds`
 with `splits`), so every relaxation is valid on the sub-domain where the assumptions hold;
 the two children of a split cover their parent, so proving every leaf proves the box. A
 clamp that leaves lower > upper shows the sub-domain empty: proved. Domains still open after
-CROWN get beta-CROWN bounds (`runtime/beta.py`: the split constraints enter through optimised
+CROWN get beta-CROWN bounds (`runtime/engine/beta.py`: the split constraints enter through optimised
 multipliers). A leaf with no unstable neuron left but an open bound is set aside as
 unresolved, never counted as proved.
 
 Branching (BaBSR-like): the unstable neuron with the largest |A| (summed over the spec rows
-still open) times the intercept of its upper relaxation line, -l u / (u - l), i.e. the most
-slack the neuron's relaxation adds to the lower bound. Every open domain also proposes a
+still open) times its op's `branch_slack` (for a ReLU the intercept of its upper line,
+-l u / (u - l)), i.e. the most slack the neuron's relaxation adds to the lower bound. Every open domain also proposes a
 counterexample: per open spec row, the box vertex that minimises that row's linear lower
 bound (beta-CROWN's where it ran); the caller confirms it with a plain forward pass.
 
@@ -31,8 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from shardbound.runtime.bab import refuted_conjunctions
-from shardbound.runtime.beta import DEFAULT_ITERATIONS, beta_crown
+from shardbound.runtime.verification.input_split import refuted_conjunctions
+from shardbound.runtime.engine.beta import DEFAULT_ITERATIONS, beta_crown
 
 MAX_DOMAINS = 50_000      # each keeps its parent's intermediate bounds: ~8 bytes a neuron
 
@@ -46,24 +47,33 @@ class ReluBabResult:
     reason: str = ""
 
 
-def _slack_scores(network, relus, relu_A, known, open_rows) -> torch.Tensor:
+def _slack_scores(network, ops, split_A, known, open_rows) -> torch.Tensor:
     """(b, total neurons) branching score; -1 for neurons that are not unstable. A tp rank
     scores the neurons it holds; the scores are gathered so every rank branches alike."""
     parts = []
-    for relu in relus:
-        lo, hi = known[relu.inputs[0]]
+    for op in ops:
+        lo, hi = known[op.inputs[0]]
         b = lo.shape[0]
+        slack = op.branch_slack(lo, hi).reshape(b, -1)
         lo, hi = lo.reshape(b, -1), hi.reshape(b, -1)
-        A = relu_A[relu.name].reshape(b, open_rows.shape[1], -1)
+        A = split_A[op.name].reshape(b, open_rows.shape[1], -1)
         weight = (A.abs() * open_rows.unsqueeze(-1)).sum(dim=1)
         unstable = (lo < 0) & (hi > 0)
-        icpt = torch.where(unstable, -lo * hi / torch.where(unstable, hi - lo, torch.ones_like(hi)),
-                           torch.zeros_like(hi))
-        # A tiny share of the intercept alone breaks ties among neurons the spec rows ignore.
-        score = (weight + 1e-6) * icpt
+        # A tiny share of the slack alone breaks ties among neurons the spec rows ignore.
+        score = (weight + 1e-6) * slack
         score = torch.where(unstable, score, torch.full_like(score, -1.0))
-        parts.append(network.gather_neurons(relu, score))
+        parts.append(network.gather_neurons(op, score))
     return torch.cat(parts, dim=1)
+
+
+def split_ops(network) -> list:
+    """The splittable ops, one per input node (two ops reading one node share its splits)."""
+    seen, ops = set(), []
+    for op in network.splittable_nodes():
+        if op.inputs[0] not in seen:
+            seen.add(op.inputs[0])
+            ops.append(op)
+    return ops
 
 
 def _flat_bounds(bounds, names, b) -> torch.Tensor:
@@ -97,9 +107,9 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
     agree(flag) -> bool: the flag OR-ed over ranks. is_violation(x (N, n)) -> index of a
     confirmed counterexample row, or None. root_prior: intermediate bounds known on the box
     (keyed like `Network.intermediate_bounds`' planned bounds), inherited by every domain."""
-    relus = network.relu_nodes()
+    relus = split_ops(network)
     if not relus:
-        return ReluBabResult("unknown", reason="no ReLU to split")
+        return ReluBabResult("unknown", reason="no splittable op (ReLU or another kink) to split")
     names = [r.inputs[0] for r in relus]
     # Assumptions cover every neuron (the same on every rank); bounds only the neurons this
     # rank holds (all of them except in tp zones): `ranges` places a rank's neurons.
@@ -140,9 +150,9 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
                   .reshape(take, *relus[i].shape).to(dev) for i, name in enumerate(names)}
         with torch.no_grad():
             ibp, known = network.intermediate_bounds(blo, bhi, splits=splits, prior=prior)
-            grab, relu_A = {}, {}
+            grab, split_A = {}, {}
             lb, _ = network.final_crown(ibp, known, blo, bhi, Cd, input_A=grab, lower_only=True,
-                                        relu_A=relu_A)
+                                        split_A=split_A)
         bounded += take
         lb = lb.cpu()
         empty = torch.zeros(take, dtype=torch.bool)
@@ -175,7 +185,7 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
             if hit is not None:
                 return ReluBabResult("sat", x=verts[hit], domains=bounded,
                                      verified_fraction=verified)
-        scores = _slack_scores(network, relus, relu_A, known, open_rows.to(dev).to(lb.dtype)).cpu()
+        scores = _slack_scores(network, relus, split_A, known, open_rows.to(dev).to(lb.dtype)).cpu()
         kb = _flat_bounds(known, names, take)
         scores, odom, odepth, okb = scores[open_], dom[open_], ddepth[open_], kb[open_]
         best = scores.argmax(dim=1)

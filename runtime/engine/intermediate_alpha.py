@@ -1,11 +1,12 @@
-"""Optimised intermediate bounds: alpha-CROWN on the nodes that feed ReLUs, once, at the root.
+"""Optimised intermediate bounds: alpha-CROWN on the nodes that feed relaxed ops, once, at the root.
 
-alpha-CROWN (runtime/alpha.py) optimises the lower slopes of the final pass only; the
+alpha-CROWN (runtime/engine/alpha.py) optimises the lower slopes of the final pass only; the
 intermediate bounds stay CROWN's. Yet those bounds decide which neurons are unstable and how
 loose every later relaxation is. Here each planned-CROWN node's bounds are tightened in
-topological order: the lower bound of z and of -z for its unstable neurons (two rows each)
-is maximised over the slopes of the ReLUs before it, by projected Adam from CROWN's slopes,
-and intersected with what was known. Any slope in [0, 1] gives a sound bound, so the result
+topological order: the lower bound of z and of -z for its neurons whose relaxation is
+inexact (two rows each) is maximised over the relaxation parameters of the optimisable ops
+before it, by the shared projected loop (runtime/engine/optimise.py) from CROWN's choices, and
+intersected with what was known. Every feasible parameter gives a sound bound, so the result
 is sound whatever the optimiser does; later nodes then see the tightened earlier bounds.
 
 Measured on mnistfc 256x2 (eps 0.03): the unstable neurons of the second layer fall from 132
@@ -24,7 +25,8 @@ import math
 
 import torch
 
-from shardbound.runtime.rows import unit_rows
+from shardbound.runtime.engine.optimise import alpha_bytes, alpha_group, initial_alphas, maximise
+from shardbound.runtime.parallel.rows import unit_rows
 
 DEFAULT_ITERATIONS = 20
 DEFAULT_LR = 0.25
@@ -43,21 +45,21 @@ def optimise_intermediate_bounds(network, lower, upper, known, iterations=DEFAUL
         if (network.intermediate.get(node.name) != "crown" or node is network.input
                 or hasattr(node, "crown_bounds") or node.name not in out):
             continue
-        relus = [r for r in network.relu_nodes()
-                 if position[r.name] < position[node.name] and r.inputs[0] in out]
+        before = [r for r in network.optimisable_nodes()
+                  if position[r.name] < position[node.name] and all(i in out for i in r.inputs)]
         lo, hi = out[node.name]
         B = lo.shape[0]
-        unstable = ((lo < 0) & (hi > 0)).reshape(B, -1).any(dim=0)
-        index = torch.nonzero(unstable).reshape(-1)
+        index = torch.nonzero(network.inexact_mask(node, out[node.name]).reshape(B, -1)
+                              .any(dim=0)).reshape(-1)
         rows = 2 * len(index)
-        per_row = sum(math.prod(r.shape) for r in relus)
-        if not relus or rows == 0 or B * rows * per_row > max_alpha_elements:
+        per_row = sum(math.prod(r.shape) for r in before)
+        if not before or rows == 0 or B * rows * per_row > max_alpha_elements:
             continue
-        out[node.name] = _tighten(network, node, relus, index, lower, upper, out, iterations, lr)
+        out[node.name] = _tighten(network, node, before, index, lower, upper, out, iterations, lr)
     return out
 
 
-def _tighten(network, node, relus, index, lower, upper, known, iterations, lr):
+def _tighten(network, node, before, index, lower, upper, known, iterations, lr):
     """known[node] intersected with alpha-CROWN bounds of its neurons `index`."""
     lo, hi = known[node.name]
     B, n, k = lo.shape[0], math.prod(node.shape), len(index)
@@ -65,30 +67,15 @@ def _tighten(network, node, relus, index, lower, upper, known, iterations, lr):
     eye = unit_rows(index, n, lower.dtype, dev)
     A = torch.cat([eye, -eye]).reshape(2 * k, *node.shape)       # rows: z_i, then -z_i
     A = A.unsqueeze(0).expand(B, *A.shape)
-    alphas = {}
-    for r in relus:
-        l, h = known[r.inputs[0]]
-        init = (h > -l).to(l.dtype).unsqueeze(1).expand(B, 2 * k, *r.shape)
-        alphas[r.name] = init.clone().requires_grad_(True)
+    alphas = initial_alphas(network, known, B, 2 * k, before)
     ledger = network.ledger
-    ledger.set("alpha", 3 * sum(a.numel() * a.element_size() for a in alphas.values()))
-    opt = torch.optim.Adam(list(alphas.values()), lr=lr, foreach=False)
-    best = None
+    ledger.set("alpha", alpha_bytes(alphas))
+
+    def objective(last):
+        return network.backward(node, A, lower, upper, known, alphas, lower_only=True)[0]
+
     try:
-        for it in range(iterations + 1):
-            opt.zero_grad(set_to_none=True)
-            with torch.enable_grad():
-                bound, _ = network.backward(node, A, lower, upper, known, alphas,
-                                            lower_only=True)
-                if it < iterations:
-                    (-bound.sum()).backward()
-            best = bound.detach() if best is None else torch.maximum(best, bound.detach())
-            if it == iterations:
-                break
-            opt.step()
-            with torch.no_grad():
-                for a in alphas.values():
-                    a.clamp_(0, 1)
+        best = maximise(objective, [alpha_group(network, alphas, lr)], iterations)
     finally:
         ledger.set("alpha", 0)
     new_lo, new_hi = lo.reshape(B, n).clone(), hi.reshape(B, n).clone()

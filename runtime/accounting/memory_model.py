@@ -14,8 +14,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from shardbound.runtime.ops import OP_TYPES
+
 F32 = 4
-VIEW_OPS = ("reshape",)       # outputs (and backward A-matrices) share their input's storage
 
 
 @dataclass(frozen=True)
@@ -28,18 +29,22 @@ class NodeShape:
     crown_bounds: bool                 # the bound plan asks CROWN for this node's bounds
     weight_shape: tuple[int, ...] = ()  # shape of the "weight" parameter, if any
 
-
+    @property
+    def traits(self):
+        """The kernel class: what the op declares about its memory (runtime/ops/base.py)."""
+        return OP_TYPES[self.op]
 
 
 def _gathered_bytes(node: NodeShape, gathers: bool, streamed: bool, chunk: int) -> int:
     """What a rank holds of a node's gathered parameters while visiting it: all of them, or
-    for a streamed linear layer (runtime/streaming.py) one weight block, and the other
+    for a streamed linear layer (runtime/numerics/streaming.py) one weight block, and the other
     parameters (the bias) only after the blocks are done."""
     if not gathers:
         return 0
     total = sum(node.param_numels) * F32
     weight = math.prod(node.weight_shape) * F32 if node.weight_shape else 0
-    if not streamed or node.op != "linear" or len(node.weight_shape) != 2 or weight <= chunk:
+    if (not streamed or not node.traits.streams_weight or len(node.weight_shape) != 2
+            or weight <= chunk):
         return total
     rows, cols = node.weight_shape
     block = max(min(max(1, chunk // F32 // cols), rows) * cols,   # forward / IBP: row blocks
@@ -74,7 +79,7 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
     ibp_bytes = 0
     peak = resident
     for node in nodes:
-        if node.op not in VIEW_OPS:
+        if not node.traits.is_view:
             ibp_bytes += 2 * batch * math.prod(node.shape) * F32
         peak = max(peak, resident + gathered[node.name] + ibp_bytes)
     bounds = ibp_bytes
@@ -89,16 +94,17 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
         live = {target.name: (first, first, True)}
         a_prev = first
         for node in reversed(nodes[:index[target.name] + 1]):
-            if node.name not in live or node.op == "input":
+            if node.name not in live or node.traits.is_input:
                 continue
             l_bytes, u_bytes, shared = live.pop(node.name)
             new_bytes = 0        # this step's outputs, alive with its inputs and parameters
             for name in node.inputs:
                 size = batch * S * math.prod(by_name[name].shape) * F32
-                if node.op in VIEW_OPS:
+                kept = node.traits.backward_memory
+                if kept == "view":
                     produced = (l_bytes, u_bytes, shared)
                 else:
-                    produced = (size, size, shared and node.op != "relu")
+                    produced = (size, size, shared and kept == "shared")
                     new_bytes += size * (1 if produced[2] else 2)
                 if name in live:     # summed into a new tensor
                     old = live[name]
@@ -110,7 +116,7 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
             a_prev = a_now
 
     for node in nodes:
-        if node.crown_bounds and node.op != "input":
+        if node.crown_bounds and not node.traits.is_input:
             backward(node, rows(math.prod(node.shape)), eye=True)
             bounds += 2 * batch * math.prod(node.shape) * F32
     out = by_name[output]

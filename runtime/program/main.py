@@ -58,7 +58,7 @@ def run(directory: str, args: argparse.Namespace) -> int:
     if nproc > 1:
         return _launch(directory, args)
     if args.verify:
-        from shardbound.runtime.verify_main import run_verify_rank
+        from shardbound.runtime.program.verify_main import run_verify_rank
 
         return run_verify_rank(directory, args)
     return _run_rank(directory, args)
@@ -67,8 +67,8 @@ def run(directory: str, args: argparse.Namespace) -> int:
 def _launch(directory: str, args) -> int:
     import os
 
-    from shardbound.runtime.launch import launch
-    from shardbound.runtime.loader import read_plan
+    from shardbound.runtime.parallel.launch import launch
+    from shardbound.runtime.program.loader import read_plan
 
     read_plan(directory)  # fail here, once, if DIR is not a program
     if args.verify:
@@ -90,11 +90,11 @@ def _launch(directory: str, args) -> int:
 
 
 def _run_rank(directory: str, args) -> int:
-    from shardbound.runtime import dist
-    from shardbound.runtime.boxes import as_boxes, read_box_file
-    from shardbound.runtime.ledger import max_over_ranks
-    from shardbound.runtime.loader import load
-    from shardbound.runtime.report import bounds_sha256, format_table
+    from shardbound.runtime.parallel import dist
+    from shardbound.runtime.program.boxes import as_boxes, read_box_file
+    from shardbound.runtime.accounting.ledger import max_over_ranks
+    from shardbound.runtime.program.loader import load
+    from shardbound.runtime.program.report import bounds_sha256, format_table, write_output
 
     lower, upper = read_box_file(args.box)
     with dist.rank_session(args.threads, args.timeout, args.device) as comm:
@@ -125,19 +125,10 @@ def _run_rank(directory: str, args) -> int:
     return 0
 
 
-def write_output(path: str, text: str) -> None:
-    """Write a result file; a failure is a user error naming the file."""
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as e:
-        raise ShardboundError(f"{path}: cannot write the result ({e.strerror})") from None
-
-
 def predicted_peak(verifier, comm, method: str, lb) -> int | None:
     """The memory model's prediction for this very run (None for alpha-CROWN: not modelled)."""
-    from shardbound.runtime.loader import stream_chunk_bytes
-    from shardbound.runtime.memory_model import network_shapes, predict_peak
+    from shardbound.runtime.program.loader import stream_chunk_bytes
+    from shardbound.runtime.accounting.memory_model import network_shapes, predict_peak
 
     if method not in ("ibp", "crown") or verifier.plan["mode"] == "tp":
         return None                     # tp: not modelled (bench/tp_memory.py measures it)
@@ -165,7 +156,7 @@ def program_main(directory: str, argv=None) -> None:
     args = parser.parse_args(argv)
     code = guarded(run, directory, args)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:   # one rank of a job: see dist.exit_rank
-        from shardbound.runtime.dist import exit_rank
+        from shardbound.runtime.parallel.dist import exit_rank
 
         exit_rank(code)
     sys.exit(code)

@@ -7,7 +7,7 @@ through one place lets the summation order be chosen per program without touchin
 
 - `fast`: plain BLAS; bits repeat run to run only.
 - `blocked`: fixed 256-blocks, one bit-pinned float32 GEMM per block, a fixed pairwise tree
-  over blocks (shardbound.runtime.summation): the same bits for any thread count, row batching
+  over blocks (shardbound.runtime.numerics.summation): the same bits for any thread count, row batching
   or rank count on one machine and BLAS.
 - `exact`: correctly rounded (Ozaki slices): the same bits on any BLAS or device too.
 
@@ -25,7 +25,7 @@ ORDERS = ("fast", "blocked", "exact")
 
 def _kernels():
     """The deterministic kernels, imported lazily (only their orders need them)."""
-    from shardbound.runtime import summation
+    from shardbound.runtime.numerics import summation
 
     return summation
 

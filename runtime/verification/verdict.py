@@ -1,7 +1,7 @@
 """Turn bounds into answers: sat (with a confirmed counterexample), unsat, unknown, timeout.
 
 Per case of the property: (1) a projected-gradient attack; (2) CROWN on the whole box;
-(3) alpha-CROWN, on intermediate bounds tightened by alpha-CROWN (runtime/intermediate_alpha.py)
+(3) alpha-CROWN, on intermediate bounds tightened by alpha-CROWN (runtime/engine/intermediate_alpha.py)
 that every branch-and-bound domain then inherits; (4) branch and bound by input splitting
 when the input is small enough, else a stronger attack and branch and bound by ReLU splitting with beta-CROWN bounds.
 The property is sat as soon as one case has a counterexample that a plain forward pass
@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from shardbound.runtime import alpha as alpha_mod
-from shardbound.runtime.attack import pgd
-from shardbound.runtime.bab import input_split, refuted_conjunctions
-from shardbound.runtime.intermediate_alpha import optimise_intermediate_bounds
-from shardbound.runtime.relu_bab import relu_split
-from shardbound.runtime.spec import Spec, SpecCase, inside_box, outward_box, violated_conjunctions
+from shardbound.runtime.engine import alpha as alpha_mod
+from shardbound.runtime.verification.attack import pgd
+from shardbound.runtime.verification.input_split import input_split, refuted_conjunctions
+from shardbound.runtime.engine.intermediate_alpha import optimise_intermediate_bounds
+from shardbound.runtime.verification.relu_split import relu_split
+from shardbound.runtime.verification.spec import Spec, SpecCase, inside_box, outward_box, violated_conjunctions
 
 SPLIT_MAX_INPUTS = 16     # input splitting beyond this many inputs rarely finishes
 
@@ -153,7 +153,7 @@ class _CaseRunner:
         if x is not None and (cex := self.confirm(x)) is not None:
             self.log("attack-strong")
             return "sat", cex
-        if self.net.relu_nodes():
+        if self.net.splittable_nodes():
             self.log("relu-split")
             res = relu_split(self.net, self.C, self.d, self.owner, self.lo, self.hi,
                              self.deadline, self.agree, self.is_violation,

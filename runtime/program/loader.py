@@ -15,12 +15,12 @@ import os
 
 import torch
 
-from shardbound.runtime.boxes import as_boxes
-from shardbound.runtime.dist import SingleComm
+from shardbound.runtime.program.boxes import as_boxes
+from shardbound.runtime.parallel.dist import SingleComm
 from shardbound.runtime.errors import ShardboundError
-from shardbound.runtime.ledger import MemoryLedger
-from shardbound.runtime.params import STREAM_CHUNK_BYTES, open_params
-from shardbound.runtime.rows import RowSplit
+from shardbound.runtime.accounting.ledger import MemoryLedger
+from shardbound.runtime.parallel.params import STREAM_CHUNK_BYTES, open_params
+from shardbound.runtime.parallel.rows import RowSplit
 
 PLAN_FORMAT = "shardbound-plan/1"
 
@@ -126,7 +126,7 @@ def load(directory: str, summation: str | None = None, comm=None) -> Verifier:
     weights = os.path.join(directory, "weights.safetensors")
     try:
         if plan["mode"] == "tp":        # each rank reads only its slices of zone weights
-            from shardbound.runtime.tp import build_network
+            from shardbound.runtime.parallel.tp import build_network
 
             network = build_network(module, weights, comm, ledger, summation or module.SUMMATION)
         else:

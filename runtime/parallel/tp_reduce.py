@@ -26,8 +26,8 @@ import math
 
 import torch
 
-from shardbound.runtime import contract
-from shardbound.runtime.summation import (BLOCK, combine_subtotals, shard_k_ranges,
+from shardbound.runtime.numerics import contract
+from shardbound.runtime.numerics.summation import (BLOCK, combine_subtotals, shard_k_ranges,
                                           shard_subtotals, subtree_totals, tree_nodes)
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from shardbound.runtime import contract
+from shardbound.runtime.numerics import contract
 
 
 def _a_bytes(t: torch.Tensor) -> int:

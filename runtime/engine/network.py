@@ -3,8 +3,9 @@
 A generated program builds a `Network` (one commented block per IR node) and everything else
 (the CLI, `runtime.load`, tests) drives it through this class. CROWN is the backward linear
 relaxation of Zhang et al. 2018 on a DAG: A-matrices flow from a target node back to the input,
-summed where a node has several consumers; the nodes that feed a ReLU get their bounds first,
-in topological order, by CROWN or IBP as the compiler's bound plan says. CROWN is not always
+summed where a node has several consumers; the nodes that feed a relaxed op (a ReLU, a
+sigmoid, a max-pool: any op whose `relaxed` trait is set) get their bounds first, in
+topological order, by CROWN or IBP as the compiler's bound plan says. CROWN is not always
 tighter than IBP (deep nets, wide boxes), and both are sound, so every CROWN bound -- the
 intermediate ones and the final one -- is intersected with the IBP bound of the same node.
 """
@@ -16,11 +17,11 @@ from typing import Sequence
 
 import torch
 
-from shardbound.runtime import contract
+from shardbound.runtime.numerics import contract
 from shardbound.runtime.errors import ShardboundError
-from shardbound.runtime.ledger import MemoryLedger, tensor_bytes
+from shardbound.runtime.accounting.ledger import MemoryLedger, tensor_bytes
 from shardbound.runtime.ops import Bounds, Op
-from shardbound.runtime.rows import RowSplit, identity_rows, unit_rows
+from shardbound.runtime.parallel.rows import RowSplit, identity_rows, unit_rows
 
 METHODS = ("ibp", "crown", "alpha-crown")
 
@@ -43,6 +44,12 @@ class Network:
         # (CROWN-tightened ones included) instead of the plain IBP pass from the input box.
         self.refine_ibp = False
         self.tp = None                  # tp mode: the zone ops' shared context (runtime.tp)
+        self.relaxed_consumers: dict[str, list[Op]] = {n.name: [] for n in self.nodes}
+        for n in self.nodes:
+            if n.relaxed:
+                for i in n.inputs:
+                    if n not in self.relaxed_consumers[i]:
+                        self.relaxed_consumers[i].append(n)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -79,19 +86,20 @@ class Network:
 
     def intermediate_bounds(self, lower, upper, splits=None, prior=None
                             ) -> tuple[dict[str, Bounds], dict[str, Bounds]]:
-        """(IBP bounds of every node, planned bounds of the nodes that feed ReLUs).
+        """(IBP bounds of every node, planned bounds of the nodes that feed relaxed ops).
 
-        `splits` (ReLU branch and bound) maps a node that feeds a ReLU to an int8 tensor
-        (B, *shape): +1 where the domain assumes the neuron active (lower bound raised to 0),
-        -1 inactive (upper bound lowered to 0), 0 free. Clamped bounds feed every later
+        `splits` (branch and bound) maps a node that feeds a splittable op to an int8 tensor
+        (B, *shape): +1 where the domain assumes the neuron >= 0 (lower bound raised to 0),
+        -1 where it assumes <= 0 (upper bound lowered to 0), 0 free. Clamped bounds feed every later
         relaxation, so the bounds hold on the sub-domain where the assumptions are true; a
         clamp can leave lower > upper, meaning that sub-domain is empty.
 
         `prior` (branch and bound) maps the same nodes to bounds (B, *shape) already known to
         hold on each box (its parent's: a sub-box of a box, or a sub-domain, keeps them). They
-        are intersected in, and CROWN then runs only for the neurons unstable in some box of
-        the batch under prior and IBP: a stable neuron's relaxation is exact whatever its
-        bounds, so its other rows would buy nothing (measured: most rows of a deep domain)."""
+        are intersected in, and CROWN then runs only for the neurons whose relaxation is
+        inexact in some box of the batch under prior and IBP: a stable ReLU neuron's
+        relaxation is exact whatever its bounds, so its other rows would buy nothing
+        (measured: most rows of a deep domain)."""
         ibp = self.ibp_all(lower, upper)
         known: dict[str, Bounds] = {}
         refined: dict[str, Bounds] = {}
@@ -126,12 +134,12 @@ class Network:
         return ibp, known
 
     def final_crown(self, ibp, known, lower, upper, C=None, alphas=None, input_A=None,
-                    lower_only: bool = False, gather: bool = True, relu_A=None,
+                    lower_only: bool = False, gather: bool = True, split_A=None,
                     extra_A=None) -> Bounds:
         """The last backward pass, from the output through C (with alpha slopes if given).
         Pass a dict as `input_A` to receive the lower-side A-matrix at the input ("lA");
         with `lower_only` the upper bound is not computed (returned as None); a dict as
-        `relu_A` receives the lower-side A-matrix reaching each ReLU (by ReLU name: ReLU
+        `split_A` receives the lower-side A-matrix reaching each splittable op (by its name:
         branching scores its neurons with it); `extra_A` maps nodes to lower-side terms
         (B, S_local, *shape) added to the A-matrix reaching them (beta-CROWN's split
         multipliers). Under row
@@ -142,21 +150,50 @@ class Network:
         S = spec.shape[1]
         a, b = self.rows.my_range(S)
         lo, hi = self.backward(self.output, spec[:, a:b], lower, upper, known, alphas, input_A,
-                               lower_only, relu_A, extra_A)
+                               lower_only, split_A, extra_A)
         ilo, ihi = self._ibp_spec(ibp[self.output.name], C, B)
         if not gather:
             return (torch.maximum(lo, ilo[:, a:b]),
                     None if hi is None else torch.minimum(hi, ihi[:, a:b]))
         if input_A is not None:
             input_A["lA"] = self.rows.gather(input_A["lA"], S)
-        for name in (relu_A or {}):
-            relu_A[name] = self.rows.gather(relu_A[name], S)
+        for name in (split_A or {}):
+            split_A[name] = self.rows.gather(split_A[name], S)
         lo = self.rows.gather(lo, S)
         hi = None if hi is None else self.rows.gather(hi, S)
         return torch.maximum(lo, ilo), (None if hi is None else torch.minimum(hi, ihi))
 
-    def relu_nodes(self) -> list[Op]:
-        return [n for n in self.nodes if n.kind == "relu"]
+    def relaxed_nodes(self) -> list[Op]:
+        """Ops whose backward step relaxes (needs its input bounds)."""
+        return [n for n in self.nodes if n.relaxed]
+
+    def optimisable_nodes(self) -> list[Op]:
+        """Relaxed ops with optimisable relaxation parameters (alpha)."""
+        return [n for n in self.nodes if n.relaxed and n.has_alpha]
+
+    def splittable_nodes(self) -> list[Op]:
+        """Relaxed ops that branch and bound may split at 0 on their input."""
+        return [n for n in self.nodes if n.relaxed and n.splittable]
+
+    def inexact_mask(self, node: Op, bounds: Bounds) -> torch.Tensor:
+        """Bool (B, *node.shape): where some relaxed consumer of `node` loses something with
+        these bounds on it (the neurons whose bounds are worth tightening)."""
+        mask = torch.zeros_like(bounds[0], dtype=torch.bool)
+        for consumer in self.relaxed_consumers.get(node.name, ()):
+            for name, m in zip(consumer.inputs, consumer.inexact_inputs(
+                    [bounds if i == node.name else None for i in consumer.inputs])):
+                if name == node.name and m is not None:
+                    mask |= m
+        return mask
+
+    def any_inexact(self, known: dict[str, Bounds]) -> bool:
+        """Whether any optimisable op's relaxation loses something under `known` (else
+        optimising its parameters cannot change a bound)."""
+        for n in self.optimisable_nodes():
+            if any(bool(m.any()) for m in n.inexact_inputs([known.get(i) for i in n.inputs])
+                   if m is not None):
+                return True
+        return False
 
     # -- neurons held by this rank (tp zone nodes hold a channel slice) ------------------------
     def neuron_range(self, node: Op) -> tuple[int, int, int]:
@@ -207,10 +244,11 @@ class Network:
         return both[..., 0].reshape(B, *node.shape), both[..., 1].reshape(B, *node.shape)
 
     def _crown_unstable(self, node: Op, lower, upper, known, base: Bounds) -> Bounds:
-        """`base` tightened by CROWN on the neurons unstable under it in some box."""
+        """`base` tightened by CROWN on the neurons whose relaxation is inexact under it in
+        some box (see `inexact_mask`)."""
         B = lower.shape[0]
         blo, bhi = base[0].reshape(B, -1), base[1].reshape(B, -1)
-        index = torch.nonzero(((blo < 0) & (bhi > 0)).any(dim=0)).reshape(-1)
+        index = torch.nonzero(self.inexact_mask(node, base).reshape(B, -1).any(dim=0)).reshape(-1)
         # A tp zone node may have to join collectives even with no neuron of its own to bound.
         if len(index) == 0 and not hasattr(node, "crown_bounds"):
             return base
@@ -221,7 +259,7 @@ class Network:
         return lo.reshape(base[0].shape), hi.reshape(base[1].shape)
 
     def backward(self, target: Op, A: torch.Tensor, lower, upper, known, alphas=None,
-                 input_A=None, lower_only: bool = False, relu_A=None, extra_A=None) -> Bounds:
+                 input_A=None, lower_only: bool = False, split_A=None, extra_A=None) -> Bounds:
         """Propagate A (B, S, *target.shape) back to the input and concretise over the box.
         With `lower_only`, the upper side is skipped and returned as None."""
         B, S = A.shape[:2]
@@ -239,8 +277,8 @@ class Network:
                 lA = lA + extra_A[n.name]
             in_bounds = [known.get(i) for i in n.inputs]
             alpha = alphas.get(n.name) if alphas else None
-            if relu_A is not None and n.kind == "relu":
-                relu_A[n.name] = lA
+            if split_A is not None and n.splittable:
+                split_A[n.name] = lA
             l_in, u_in, lb, ub = n.crown_backward(lA, uA, in_bounds, alpha=alpha)
             # The step's inputs, outputs and gathered parameters are all alive here.
             self.ledger.set("a_matrix", tensor_bytes([*lAs.values(), *uAs.values(), lA, uA,
@@ -303,7 +341,7 @@ class Network:
         if method == "crown":
             return self.crown(lower, upper, C)
         if method == "alpha-crown":
-            from shardbound.runtime.alpha import alpha_crown
+            from shardbound.runtime.engine.alpha import alpha_crown
 
             return alpha_crown(self, lower, upper, C)
         raise ShardboundError(f"unknown bound method {method!r}; choose one of {', '.join(METHODS)}")

@@ -1,0 +1,89 @@
+"""The one projected-gradient loop behind alpha-CROWN, beta-CROWN and the optimised
+intermediate bounds, and the relaxation parameters it optimises.
+
+Each of them maximises a lower bound (one value per row) over parameters whose every feasible
+value gives a sound bound: alpha (the relaxation parameters of every optimisable op, declared
+by the op: `alpha_init`, `alpha_project_`), and for beta-CROWN the split multipliers beta >= 0.
+So the loop is free to do anything, and the best value seen per row is kept. Adam (no
+foreach kernels), a fixed iteration count, a fixed start and no randomness: results repeat bit
+for bit, and under row sharding each rank optimises its own rows exactly as one process would
+(a row's bound depends on its own parameters alone, and Adam is elementwise).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+@dataclass
+class ParamGroup:
+    """Tensors optimised with one learning rate, and the in-place projection that puts them
+    back into their feasible set after each step."""
+
+    tensors: list[torch.Tensor]
+    lr: float
+    project: Callable[[], None]
+
+
+def initial_alphas(network, known, B: int, S: int, nodes=None) -> dict[str, torch.Tensor]:
+    """Per optimisable op (default: all of them), its starting parameters for S rows per box:
+    (B, S, *alpha_shape), leaves that require grad."""
+    alphas = {}
+    for n in (network.optimisable_nodes() if nodes is None else nodes):
+        init = n.alpha_init([known.get(i) for i in n.inputs])
+        alphas[n.name] = init.unsqueeze(1).expand(B, S, *init.shape[1:]).clone().requires_grad_(True)
+    return alphas
+
+
+def alpha_group(network, alphas: dict[str, torch.Tensor], lr: float) -> ParamGroup:
+    """The alpha tensors as one group, each projected by its own op."""
+    ops = [network.by_name[name] for name in alphas]
+
+    def project():
+        for op in ops:
+            op.alpha_project_(alphas[op.name])
+
+    return ParamGroup(list(alphas.values()), lr, project)
+
+
+def alpha_bytes(alphas: dict[str, torch.Tensor]) -> int:
+    """What the ledger's `alpha` category holds: each tensor with Adam's two moments."""
+    return 3 * sum(a.numel() * a.element_size() for a in alphas.values())
+
+
+def maximise(objective: Callable[[bool], torch.Tensor], groups: list[ParamGroup],
+             iterations: int, start: torch.Tensor | None = None, saved=None) -> torch.Tensor:
+    """The best value per element of `objective` over `iterations` + 1 evaluations: the
+    starting parameters, then after each projected Adam step. `objective(last)` computes the
+    value (differentiable unless `last`: the final evaluation takes no gradient); `start`, a
+    value already known to hold (CROWN's), is a floor for the result. `saved`, a
+    SavedTensorCounter, has the autograd-saved tensors counted in the ledger."""
+    params = [g for g in groups if g.tensors]
+    opt = torch.optim.Adam([{"params": g.tensors, "lr": g.lr} for g in params], foreach=False) \
+        if params else None
+    best = start.clone() if start is not None else None
+    for it in range(iterations + 1):
+        last = it == iterations
+        if opt is not None:
+            opt.zero_grad(set_to_none=True)
+        hooks = (torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack)
+                 if saved is not None and not last else contextlib.nullcontext())
+        with torch.no_grad() if last else torch.enable_grad():    # callers may run under no_grad
+            with hooks:
+                value = objective(last)
+            if not last and value.requires_grad and value.numel():   # a rank may own no rows
+                (-value.sum()).backward()
+        if saved is not None:
+            saved.clear()
+        best = value.detach() if best is None else torch.maximum(best, value.detach())
+        if last or opt is None:
+            break
+        opt.step()
+        with torch.no_grad():
+            for g in params:
+                g.project()
+    return best

@@ -1,0 +1,21 @@
+"""Bound kernels, one module per op family; each class declares the traits the rest of the
+system reads (runtime/ops/base.py) and, when nonlinear, its relaxation
+(runtime/ops/relaxation.py).
+
+Families (each with a lowering module of the same name under compiler/lowering/): linear,
+conv, pooling, activation, arithmetic, layout. `OP_TYPES` maps IR op kinds to classes; the
+generated program names classes as `ops.<Class>`.
+
+May import: torch, `runtime.numerics`, `runtime.errors`. Nothing above them.
+"""
+
+from shardbound.runtime.ops.base import OP_TYPES, Bounds, NodeFacts, Op, register_op
+from shardbound.runtime.ops.relaxation import ElementwiseRelaxation, Lines
+from shardbound.runtime.ops.layout import Input, Reshape, Transpose
+from shardbound.runtime.ops.linear import Linear
+from shardbound.runtime.ops.conv import Conv2d
+from shardbound.runtime.ops.arithmetic import Add, Affine
+from shardbound.runtime.ops.activation import Relu
+
+__all__ = ["OP_TYPES", "Bounds", "NodeFacts", "Op", "register_op", "ElementwiseRelaxation",
+           "Lines", "Input", "Reshape", "Transpose", "Linear", "Conv2d", "Add", "Affine", "Relu"]

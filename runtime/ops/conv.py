@@ -1,0 +1,174 @@
+"""The conv family: `conv2d`, 2-D convolution over (C, H, W) per sample, grouped or not (Conv;
+AveragePool and GlobalAveragePool are lowered to a depthwise conv2d, see
+compiler/lowering/pooling.py). Under `blocked` and `exact` the contraction runs as im2col +
+ordered matmul so that it follows the program's summation order."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from shardbound.runtime.numerics import contract
+from shardbound.runtime.ops.base import Op, center_radius, per_feature, register_op
+
+
+@register_op
+class Conv2d(Op):
+    """2-D convolution (NCHW per sample: (C, H, W)); pads are (top, left, bottom, right)."""
+
+    kind = "conv2d"
+    param_roles = ("weight", "bias")
+    tp_roles = ("column", "row")
+
+    # -- what passes ask ------------------------------------------------------------------
+    @classmethod
+    def tp_channels(cls, facts, role):
+        if facts.attrs.get("groups", 1) != 1:
+            return None
+        if role == "column" and len(facts.shape) == 3:
+            return facts.shape[0]
+        if role == "row" and len(facts.in_shapes[0]) == 3:
+            return facts.param_shape("weight")[1]
+        return None
+
+    @classmethod
+    def summation_note(cls, facts, sums):
+        w = facts.param_shape("weight")
+        groups = facts.attrs.get("groups", 1)
+        how = "conv library" if sums.order == "fast" else f"im2col, {groups} group(s)"
+        return f"fwd {how} over {sums(w[1] * w[2] * w[3])}; bwd over {sums(w[0] // groups)}"
+
+    @classmethod
+    def absorb_affine_after(cls, facts, weight, bias, scale, shift):
+        sv, tv = per_feature(scale, 0), per_feature(shift, 0)
+        if sv is None or tv is None:
+            return None
+        b = np.zeros_like(sv) if bias is None else bias
+        return weight * sv[:, None, None, None], b * sv + tv
+
+    @classmethod
+    def absorb_affine_before(cls, facts, weight, bias, scale, shift):
+        """Input normalisation into the conv: per input channel, and a shift only without
+        zero padding (padding happens after the affine)."""
+        sv, tv = per_feature(scale, 0), per_feature(shift, 0)
+        if sv is None or tv is None or facts.attrs.get("groups", 1) != 1:
+            return None
+        if any(facts.attrs.get("pads", (0, 0, 0, 0))) and np.any(tv != 0):
+            return None
+        b_new = (0 if bias is None else bias) + np.einsum("ochw,c->o", weight, tv)
+        return weight * sv[None, :, None, None], np.broadcast_to(b_new, (weight.shape[0],))
+
+    # -- kernels ------------------------------------------------------------------------------
+
+    def setup(self, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), groups=1):
+        self.strides = tuple(strides)
+        self.pads = tuple(pads)
+        self.dilations = tuple(dilations)
+        self.groups = int(groups)
+
+    def _conv(self, x, w, with_bias=True):
+        pt, pl, pb, pr = self.pads
+        b = self.param("bias") if with_bias else None
+        if self.order != "fast":
+            return self._conv_im2col(F.pad(x, (pl, pr, pt, pb)), w, b)
+        if (pt, pl) == (pb, pr):
+            padding = (pt, pl)
+        else:
+            x = F.pad(x, (pl, pr, pt, pb))
+            padding = (0, 0)
+        return F.conv2d(x, w, b, self.strides, padding, self.dilations, self.groups)
+
+    def _group_matmul(self, cols, w2, in_per_group: int):
+        """cols (N, L, G*in_per_group) @ per-group weights w2 (Cout, in_per_group) -> (N, L, Cout),
+        every product through the contraction kernels (fixed summation order)."""
+        G = self.groups
+        out_per_group = w2.shape[0] // G
+        parts = [contract.matmul(cols[..., g * in_per_group:(g + 1) * in_per_group].contiguous(),
+                                 w2[g * out_per_group:(g + 1) * out_per_group].contiguous(),
+                                 self.order) for g in range(G)]
+        return parts[0] if G == 1 else torch.cat(parts, dim=-1)
+
+    def _conv_im2col(self, x_padded, w, b):
+        """Convolution as unfold + matmul: the contraction over C_in*kh*kw then follows the
+        program's summation order instead of the convolution library's."""
+        Cout = w.shape[0]
+        kh, kw = w.shape[2:]
+        Ho, Wo = self._out_hw(x_padded, w)
+        cols = F.unfold(x_padded, (kh, kw), dilation=self.dilations, stride=self.strides)
+        cols = cols.transpose(1, 2).contiguous()                        # (B, L, C*kh*kw)
+        y = self._group_matmul(cols, w.reshape(Cout, -1), w.shape[1] * kh * kw)
+        y = y.transpose(1, 2).reshape(x_padded.shape[0], Cout, Ho, Wo)
+        return y + b.reshape(1, -1, 1, 1) if b is not None else y.contiguous()
+
+    def _out_hw(self, x_padded, w):
+        kh, kw = w.shape[2:]
+        (sh, sw), (dh, dw) = self.strides, self.dilations
+        H, W = x_padded.shape[2:]
+        return (H - dh * (kh - 1) - 1) // sh + 1, (W - dw * (kw - 1) - 1) // sw + 1
+
+    def forward(self, x):
+        return self._conv(x, self.param("weight"))
+
+    def ibp(self, b):
+        c, r = center_radius(*b)
+        yc = self._conv(c, self.param("weight"))
+        yr = self._conv(r, self.param("weight").abs(), with_bias=False)
+        return yc - yr, yc + yr
+
+    def backward_linear(self, A):
+        B, S = self._rows(A)
+        w = self.param("weight")
+        C_in, H, W = self.in_shapes[0]
+        pt, pl, pb, pr = self.pads
+        Hp, Wp = H + pt + pb, W + pl + pr
+        Ho, Wo = self.shape[1:]
+        kh, kw = w.shape[2:]
+        (sh, sw), (dh, dw) = self.strides, self.dilations
+        flat = A.reshape(B * S, *self.shape)
+        if self.order == "fast" and self._transposed_conv_ok:
+            out_pad = (Hp - ((Ho - 1) * sh + dh * (kh - 1) + 1),
+                       Wp - ((Wo - 1) * sw + dw * (kw - 1) + 1))
+            A_pad = F.conv_transpose2d(flat, w, None, self.strides, 0, out_pad, self.groups,
+                                       self.dilations)
+        else:
+            A_pad = self._backward_im2col(flat, w, (Hp, Wp))
+        A_in = A_pad[:, :, pt:pt + H, pl:pl + W].contiguous().reshape(B, S, C_in, H, W)
+        b = self.param("bias")
+        bias = None
+        if b is not None:
+            per_channel = contract.sum_last(A.reshape(B, S, self.shape[0], Ho * Wo), self.order)
+            bias = self._channel_dot(per_channel, b)
+        return [A_in], bias
+
+    # Hooks for tp's column conv, whose contractions over output channels are Partial.
+    _transposed_conv_ok = True      # the fast backward may use conv_transpose2d
+
+    def _cout_product(self, A_cols, w_t):
+        """A_cols (N, L, Cout) @ w_t.T: the backward contraction over output channels."""
+        return contract.matmul(A_cols, w_t, self.order)
+
+    def _channel_dot(self, per_channel, b):
+        """The bias term: per-channel sums of A against the bias, over output channels."""
+        return contract.dot_last(per_channel, b, self.order)
+
+
+    def _backward_im2col(self, A_flat, w, padded_hw):
+        """The transpose of _conv_im2col: A (N, Cout, Ho, Wo) -> (N, C_in, Hp, Wp); the
+        contraction over Cout goes through the kernels, the scatter-add of patches is F.fold."""
+        N, Cout = A_flat.shape[:2]
+        kh, kw = w.shape[2:]
+        G = self.groups
+        L = A_flat.shape[2] * A_flat.shape[3]
+        A_cols = A_flat.reshape(N, Cout, L).transpose(1, 2).contiguous()    # (N, L, Cout)
+        out_per_group = Cout // G
+        parts = []
+        for g in range(G):
+            wg = w[g * out_per_group:(g + 1) * out_per_group].reshape(
+                out_per_group, w.shape[1] * kh * kw)        # explicit: a tp rank may hold none
+            parts.append(self._cout_product(
+                A_cols[..., g * out_per_group:(g + 1) * out_per_group].contiguous(),
+                wg.t().contiguous()))                                      # (N, L, cin_g*kh*kw)
+        cols = parts[0] if G == 1 else torch.cat(parts, dim=-1)
+        cols = cols.transpose(1, 2).contiguous()                            # (N, C_in*kh*kw, L)
+        return F.fold(cols, padded_hw, (kh, kw), dilation=self.dilations, stride=self.strides)

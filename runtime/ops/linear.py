@@ -1,0 +1,109 @@
+"""The linear family: `linear`, y = x @ W.T + b over the last axis (Gemm, MatMul with a
+constant weight; compiler/lowering/linear.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shardbound.runtime.numerics import contract, streaming
+from shardbound.runtime.ops.base import Op, center_radius, per_feature, register_op
+
+
+@register_op
+class Linear(Op):
+    """y = x @ W.T + b over the last axis; W is (N, K), contiguous (transB resolved at compile
+    time so every mode multiplies the same layout)."""
+
+    kind = "linear"
+    param_roles = ("weight", "bias")
+    streams_weight = True
+    tp_roles = ("column", "row")
+
+    # -- what passes ask ------------------------------------------------------------------
+    @classmethod
+    def tp_channels(cls, facts, role):
+        if role == "column" and len(facts.shape) == 1:
+            return facts.shape[0]
+        if role == "row" and len(facts.in_shapes[0]) == 1:
+            return facts.param_shape("weight")[1]
+        return None
+
+    @classmethod
+    def summation_note(cls, facts, sums):
+        n_out, k = facts.param_shape("weight")
+        text = f"fwd x.W^T over {sums(k)}; bwd A.W over {sums(n_out)}"
+        if "bias" in facts.has_params:
+            text += f"; bias A.b over {sums(n_out)}"
+        return text
+
+    @classmethod
+    def absorb_affine_after(cls, facts, weight, bias, scale, shift):
+        axis = len(facts.shape) - 1
+        sv, tv = per_feature(scale, axis), per_feature(shift, axis)
+        if sv is None or tv is None:
+            return None
+        return weight * sv[:, None], (np.zeros_like(sv) if bias is None else bias) * sv + tv
+
+    @classmethod
+    def absorb_affine_before(cls, facts, weight, bias, scale, shift):
+        if len(facts.shape) != 1:
+            return None
+        b_new = (0 if bias is None else bias) + weight @ shift
+        return weight * scale[None, :], np.broadcast_to(b_new, (weight.shape[0],))
+
+    # -- kernels ------------------------------------------------------------------------------
+    def _streamed(self):
+        """The weight's fsdp shard when products should stream it block by block instead of
+        gathering it whole (see runtime/numerics/streaming.py); None otherwise."""
+        p = self.params.get("weight")
+        if self.order != "fast" and getattr(p, "streams", False):
+            return p
+        return None
+
+    def _with_bias(self, y):
+        b = self.param("bias")
+        return y + b if b is not None else y
+
+    def forward(self, x):
+        stream = self._streamed()
+        if stream is not None:
+            return self._with_bias(streaming.forward_products(stream, [x], [False], self.order)[0])
+        return self._with_bias(contract.matmul(x, self.param("weight"), self.order))
+
+    def ibp(self, b):
+        c, r = center_radius(*b)
+        stream = self._streamed()
+        if stream is not None:
+            yc, yr = streaming.forward_products(stream, [c, r], [False, True], self.order)
+        else:
+            w = self.param("weight")
+            yc = contract.matmul(c, w, self.order)
+            yr = contract.matmul(r, w.abs(), self.order)
+        yc = self._with_bias(yc)
+        return yc - yr, yc + yr
+
+    def _bias_term(self, A):
+        """A . b summed down to (B, S)."""
+        b = self.param("bias")
+        if b is None:
+            return None
+        bias = self._dot(A, b)
+        while bias.dim() > 2:
+            bias = contract.sum_last(bias, self.order)
+        return bias
+
+    def backward_linear(self, A):
+        stream = self._streamed()
+        if stream is not None:
+            (A_in,) = streaming.backward_products(stream, [A], self.order)
+        else:
+            # A (..., N) @ W (N, K): contract over N with W.T as the (K, N) operand.
+            A_in = contract.matmul(A, self.param("weight").t().contiguous(), self.order)
+        return [A_in], self._bias_term(A)
+
+    def crown_backward(self, lA, uA, in_bounds, alpha=None):
+        stream = self._streamed()
+        if stream is None or uA is None or uA is lA:
+            return super().crown_backward(lA, uA, in_bounds, alpha)
+        l_in, u_in = streaming.backward_products(stream, [lA, uA], self.order)
+        return [l_in], [u_in], self._bias_term(lA), self._bias_term(uA)

@@ -1,0 +1,112 @@
+"""The relaxation interface: how a nonlinear op gives CROWN its linear bounds.
+
+A relaxed op y = f(x) gives, for input bounds [l, u], a lower and an upper line per element,
+
+    lower_slope * x + lower_icpt  <=  f(x)  <=  upper_slope * x + upper_icpt   for x in [l, u],
+
+each sound for every point of the interval (an intercept of None means 0). The backward
+step is then generic (`ElementwiseRelaxation.crown_backward`): on the lower-bound side a
+positive A-coefficient takes the lower line and a negative one the upper line, and the other
+way round on the upper side.
+
+Optimisable relaxations (`has_alpha`): the lines may depend on parameters alpha, one tensor per
+node, with `alpha_init(in_bounds)` (B, *alpha_shape) giving the starting point (CROWN's own
+choice), and `alpha_project_(alpha)` projecting in place onto the feasible set after each
+optimiser step (default: the box [0, 1]). Every feasible alpha must give sound lines, so the
+optimiser (runtime/engine/optimise.py) can do what it likes with them. The engine gives each
+spec row its own alphas: `relax` receives them as (B, S, *alpha_shape).
+
+Splittable ops (`splittable`): branch and bound may split the op's input at 0 (x >= 0 on one
+child, x <= 0 on the other), after which the op is linear on each child; `branch_slack(l, u)`
+scores how much relaxation slack a split removes.
+
+Which neurons need input bounds at all: `inexact_inputs(in_bounds)` marks, per input, the
+elements whose relaxation is not exact under the given bounds (a stable ReLU neuron is exact
+whatever its bounds): CROWN spends its rows only on those.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from shardbound.runtime.ops.base import Op
+
+
+@dataclass
+class Lines:
+    """Elementwise linear bounds; tensors broadcast against (B, S, *shape); None = 0."""
+
+    lower_slope: torch.Tensor
+    lower_icpt: torch.Tensor | None
+    upper_slope: torch.Tensor
+    upper_icpt: torch.Tensor | None
+
+
+class ElementwiseRelaxation(Op):
+    """A unary op applied to each element alone, bounded by `relax`'s lines."""
+
+    relaxed = True
+    backward_memory = "separate"
+
+    def relax(self, lo: torch.Tensor, hi: torch.Tensor, alpha=None) -> Lines:
+        """Sound lines over [lo, hi] (each (B, 1, *shape); alpha (B, S, *alpha_shape))."""
+        raise NotImplementedError
+
+    def inexact(self, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        """Bool, like lo: where the relaxation loses something (default: wherever lo < hi)."""
+        return lo < hi
+
+    def inexact_inputs(self, in_bounds) -> list[torch.Tensor | None]:
+        lo, hi = in_bounds[0]
+        return [self.inexact(lo, hi)]
+
+    # -- optimisable parameters (used when has_alpha) ------------------------------------------
+    def alpha_init(self, in_bounds) -> torch.Tensor:
+        """Starting parameters (B, *alpha_shape) for the input bounds [(lo, hi)], each
+        (B, *in_shape): the relaxation CROWN would use."""
+        raise NotImplementedError
+
+    def alpha_project_(self, alpha: torch.Tensor) -> None:
+        """Project in place onto the feasible set (every point of it gives sound lines)."""
+        alpha.clamp_(0, 1)
+
+    # -- branch and bound (used when splittable) ---------------------------------------------
+    def branch_slack(self, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        """>= 0 per element: the relaxation slack a split of the input at 0 removes (0 where
+        the element is not split-worthy)."""
+        raise NotImplementedError
+
+    # -- the generic CROWN step ------------------------------------------------------------------
+    def crown_backward(self, lA, uA, in_bounds, alpha=None):
+        """`alpha`, when given, shapes the lower-bound side's lines (alpha-CROWN); the upper
+        side keeps the default relaxation."""
+        lo, hi = in_bounds[0]
+        lo, hi = lo.unsqueeze(1), hi.unsqueeze(1)      # broadcast over the S rows
+        lines = self.relax(lo, hi, alpha)
+        lA_in, l_bias = self._side(lA, lines.lower_slope, lines.lower_icpt,
+                                   lines.upper_slope, lines.upper_icpt)
+        if uA is None:                      # lower bound only
+            return [lA_in], [None], l_bias, None
+        if alpha is not None:
+            lines = self.relax(lo, hi, None)
+        uA_in, u_bias = self._side(uA, lines.upper_slope, lines.upper_icpt,
+                                   lines.lower_slope, lines.lower_icpt)
+        return [lA_in], [uA_in], l_bias, u_bias
+
+    def _side(self, A, pos_slope, pos_icpt, neg_slope, neg_icpt):
+        """pos * pos_line + neg * neg_line with pos = max(A, 0), neg = A - pos: one clamp,
+        and the bias terms summed in the program's order."""
+        B, S = self._rows(A)
+        pos = A.clamp(min=0)
+        A_in = A * neg_slope + pos * (pos_slope - neg_slope)
+        bias = None
+        for coef, icpt in ((pos, pos_icpt), (None, neg_icpt)):
+            if icpt is None:
+                continue
+            coef = A - pos if coef is None else coef
+            flat = icpt.reshape(icpt.shape[0], icpt.shape[1], -1)
+            term = self._dot(coef.reshape(B, S, flat.shape[-1]), flat)
+            bias = term if bias is None else bias + term
+        return A_in, bias
