@@ -20,9 +20,10 @@ from onnx.reference import ReferenceEvaluator
 from shardbound.compiler.context import Computed, LoweringContext
 from shardbound.compiler.errors import ShardboundError
 from shardbound.compiler.ir import Graph, Node
-from shardbound.compiler.lowering import find_handler, supported_ops
+from shardbound.compiler.lowering import find_handler, has_constant_output, supported_ops
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
+MAX_LISTED = 12          # unsupported ops named in one error line
 
 
 def load_model(path: str) -> onnx.ModelProto:
@@ -63,6 +64,7 @@ def import_onnx(path: str) -> Graph:
         pass  # shapes are recomputed by our own ops; inference only helps graphsurgeon
     graph = gs.import_onnx(model)
     graph.cleanup().toposort()
+    _check_supported(graph, source, opset)
     ctx = LoweringContext(source, opset)
     input_name = _lower_input(ctx, graph)
     for node in graph.nodes:
@@ -111,6 +113,32 @@ def _lower_input(ctx: LoweringContext, graph) -> str:
                           origin=f"input {x.name!r}"))
     ctx.alias(x, Computed(name, tuple(dims)))
     return x.name
+
+
+def _check_supported(graph, source: str, opset: int) -> None:
+    """Every op the model needs that has no handler, in one message: (op, opset, first node)
+    for each. A node whose inputs are all constants is folded, not lowered, so it needs no
+    handler; constness is followed through the graph as the lowering will see it."""
+    constant = {t.name for t in graph.tensors().values() if isinstance(t, gs.Constant)}
+    missing: dict[str, str] = {}
+    for node in graph.nodes:
+        domain = node.domain or ""
+        inputs = [t for t in node.inputs if t.name != ""]
+        folds = node.op != "Constant" and inputs and all(t.name in constant for t in inputs)
+        known = domain in DEFAULT_DOMAINS and find_handler(node.op, opset) is not None
+        if folds or (known and has_constant_output(node.op)) or node.op == "Constant":
+            constant.update(t.name for t in node.outputs)
+        elif not known:
+            label = node.op if domain in DEFAULT_DOMAINS else f"{domain}.{node.op}"
+            name = node.name or (node.outputs[0].name if node.outputs else "?")
+            missing.setdefault(label, name)
+    if missing:
+        shown = list(missing.items())[:MAX_LISTED]
+        listed = ", ".join(f"{op} (opset {opset}, first node {name!r})" for op, name in shown)
+        if len(missing) > MAX_LISTED:
+            listed += f" and {len(missing) - MAX_LISTED} more"
+        raise ShardboundError(f"{source}: {len(missing)} unsupported op(s): {listed}; supported "
+                              f"ops: {', '.join(supported_ops())}")
 
 
 def _lower_node(ctx: LoweringContext, node, opset: int) -> None:

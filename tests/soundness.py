@@ -41,8 +41,9 @@ def pgd(forward, lower, upper, C, steps=40, restarts=4, generator=None):
     return torch.cat(found)
 
 
-def assert_sound(forward, lower, upper, lb, ub, C=None, n=10000, seed=0, label=""):
-    """forward: (N, n_in) -> (N, n_out) flattened; lb/ub: (S,) bounds of C f(x)."""
+def witness_values(forward, lower, upper, C=None, n=10000, seed=0):
+    """Values (N, S) of C f(x) at n sampled points (a quarter on box corners) and at the
+    points of a projected-gradient search up and down every row: what bounds must contain."""
     g = torch.Generator().manual_seed(seed)
     lower, upper = lower.reshape(-1).float(), upper.reshape(-1).float()
     out_dim = forward(lower.reshape(1, -1)).shape[1]
@@ -52,7 +53,11 @@ def assert_sound(forward, lower, upper, lb, ub, C=None, n=10000, seed=0, label="
     points = torch.cat([points, pgd(forward, lower, upper, C, generator=g)])
     assert bool(((points >= lower) & (points <= upper)).all()), "attack left the box"
     with torch.no_grad():
-        values = forward(points) @ C.T
+        return forward(points) @ C.T
+
+
+def assert_within(values, lb, ub, label=""):
+    """Every row of `values` (N, S) lies in [lb, ub] up to float rounding (REL_TOL)."""
     scale = 1.0 + torch.maximum(lb.abs(), ub.abs())
     slack = REL_TOL * scale
     below = values < lb - slack
@@ -63,6 +68,12 @@ def assert_sound(forward, lower, upper, lb, ub, C=None, n=10000, seed=0, label="
     assert not bool(above.any()), (f"{label}: upper bound violated: row "
                                    f"{int(above.any(0).nonzero()[0])}, max value "
                                    f"{values.max(0).values.tolist()} vs ub {ub.tolist()}")
+
+
+def assert_sound(forward, lower, upper, lb, ub, C=None, n=10000, seed=0, label=""):
+    """forward: (N, n_in) -> (N, n_out) flattened; lb/ub: (S,) bounds of C f(x)."""
+    values = witness_values(forward, lower, upper, C, n, seed)
+    assert_within(values, lb, ub, label)
     return values
 
 

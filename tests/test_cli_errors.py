@@ -47,13 +47,23 @@ def _run(argv, cwd) -> subprocess.CompletedProcess:
 # -- inputs -----------------------------------------------------------------------------------
 
 def _unsupported(op: str, opset: int, node_name: str) -> onnx.ModelProto:
-    if op == "MaxPool":
+    if op == "LpPool":
         b = zoo.Builder(np.random.default_rng(0), (1, 4, 4), opset=opset)
-        h = b.op("MaxPool", ["x"], name=node_name, kernel_shape=[2, 2])
+        h = b.op("LpPool", ["x"], name=node_name, kernel_shape=[2, 2])
         h = b.op("Flatten", [h], axis=1)
         return b.build(b.gemm(h, 4, 2))
     b = zoo.Builder(np.random.default_rng(0), (4,), opset=opset)
     h = b.op(op, [b.gemm("x", 4, 3)], name=node_name)
+    return b.build(h)
+
+
+def _two_unsupported() -> onnx.ModelProto:
+    """Two unsupported ops, one of them twice: the error lists each op once, with the first
+    node that uses it."""
+    b = zoo.Builder(np.random.default_rng(0), (4,), opset=13)
+    h = b.op("Hardmax", [b.gemm("x", 4, 3)], name="first_hardmax")
+    h = b.op("LpNormalization", [h], name="lpn")
+    h = b.op("Hardmax", [h], name="second_hardmax")
     return b.build(h)
 
 
@@ -108,8 +118,9 @@ def work(tmp_path_factory):
     mlp, _ = zoo.build("mlp")
     onnx.save(mlp, d / "mlp.onnx")
     compile_model(str(d / "mlp.onnx"), str(d / "prog"), PassOptions())
-    onnx.save(_unsupported("Sigmoid", 13, "squash"), d / "sigmoid.onnx")
-    onnx.save(_unsupported("MaxPool", 12, "pool/max"), d / "maxpool.onnx")
+    onnx.save(_unsupported("Hardmax", 13, "squash"), d / "hardmax.onnx")
+    onnx.save(_unsupported("LpPool", 12, "pool/lp"), d / "lppool.onnx")
+    onnx.save(_two_unsupported(), d / "two_unsupported.onnx")
     onnx.save(_square(), d / "square.onnx")
     onnx.save(_dynamic(), d / "dynamic.onnx")
     data = (d / "mlp.onnx").read_bytes()
@@ -138,12 +149,15 @@ def _program(rel_dir):
 
 # case id -> (argv, substrings the error line must contain). Each runs as a real process.
 CASES = {
-    "unsupported_sigmoid": (COMPILE + ["sigmoid.onnx", "-o", "out_sigmoid"],
-                            ["sigmoid.onnx", "'squash'", "Sigmoid", "opset 13",
+    "unsupported_hardmax": (COMPILE + ["hardmax.onnx", "-o", "out_hardmax"],
+                            ["hardmax.onnx", "'squash'", "Hardmax", "opset 13",
                              "supported ops:", "Gemm", "Relu", "Conv"]),
-    "unsupported_maxpool": (COMPILE + ["maxpool.onnx", "-o", "out_maxpool"],
-                            ["maxpool.onnx", "'pool/max'", "MaxPool", "opset 12",
-                             "supported ops:", "AveragePool"]),
+    "unsupported_lppool": (COMPILE + ["lppool.onnx", "-o", "out_lppool"],
+                           ["lppool.onnx", "'pool/lp'", "LpPool", "opset 12",
+                            "supported ops:", "AveragePool"]),
+    "every_unsupported_op": (COMPILE + ["two_unsupported.onnx", "-o", "out_two"],
+                             ["two_unsupported.onnx", "2 unsupported op(s)", "Hardmax",
+                              "'first_hardmax'", "LpNormalization", "'lpn'", "opset 13"]),
     "malformed_random_bytes": (COMPILE + ["random.onnx", "-o", "out_random"], ["random.onnx"]),
     "malformed_truncated": (COMPILE + ["truncated.onnx", "-o", "out_truncated"],
                             ["truncated.onnx"]),
@@ -169,8 +183,8 @@ CASES = {
 # More cases through the same entry points, called in this process (same code path: argparse,
 # `guarded`, the error checks) to keep the file fast: (entry point, argv, substrings).
 INPROC_CASES = {
-    "unsupported_via_inspect": ("shardbound", ["inspect", "sigmoid.onnx"],
-                                ["sigmoid.onnx", "'squash'", "Sigmoid", "opset 13"]),
+    "unsupported_via_inspect": ("shardbound", ["inspect", "hardmax.onnx"],
+                                ["hardmax.onnx", "'squash'", "Hardmax", "opset 13"]),
     "malformed_directory": ("compile", ["a_directory.onnx", "-o", "out_dir"],
                             ["a_directory.onnx"]),
     "output_dir_is_a_file": ("compile", ["mlp.onnx", "-o", "plain_file"], ["plain_file"]),
@@ -261,7 +275,7 @@ def test_user_error_in_process(work, capsys, monkeypatch, case):
 
 
 def test_no_output_written_on_error(results, work):
-    for case in ("unsupported_sigmoid", "dynamic_input_dim", "product_of_computed",
+    for case in ("unsupported_hardmax", "dynamic_input_dim", "product_of_computed",
                  "malformed_random_bytes"):
         out = work / CASES[case][0][CASES[case][0].index("-o") + 1]
         assert results[case].returncode == 2

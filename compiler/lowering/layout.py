@@ -1,6 +1,7 @@
-"""Layout ops (Flatten, Reshape, Squeeze, Unsqueeze, Transpose) and constant sources
-(Constant, Shape). A layout change keeps the batch axis first; it becomes a `reshape` node (or a
-`transpose` when the element order really changes)."""
+"""The layout family: Flatten, Reshape, Squeeze, Unsqueeze and Transpose (a `reshape` node, or a
+`transpose` when the element order really changes; the batch axis stays first), the
+pass-through ops Identity, Dropout (inference) and Cast between floats, and the constant
+sources Constant and Shape."""
 
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ def lower_transpose(ctx, node):
         raise ctx.error(f"perm {perm} moves the batch axis; only per-sample transposes are supported")
 
 
-@register("Constant", since=1)
+@register("Constant", since=1, constant_output=True)
 def lower_constant(ctx, node):
     a = node.attrs
     if "value" in a:
@@ -123,7 +124,7 @@ def lower_constant(ctx, node):
     ctx.set_const(node.outputs[0], np.asarray(value))
 
 
-@register("Shape", since=1)
+@register("Shape", since=1, constant_output=True)
 def lower_shape(ctx, node):
     """The shape of a computed tensor is known at compile time (batch 1)."""
     x = ctx.computed(node.inputs[0])
@@ -132,3 +133,32 @@ def lower_shape(ctx, node):
     if start is not None or end is not None:
         shape = shape[slice(start, end)]
     ctx.set_const(node.outputs[0], shape)
+
+
+@register("Identity", since=1)
+def lower_identity(ctx, node):
+    ctx.alias(node.outputs[0], ctx.value(node.inputs[0]))
+
+
+@register("Dropout", since=1)
+def lower_dropout(ctx, node):
+    """Inference: the output is the input; a requested mask output is all ones."""
+    training = ctx.optional_input(node, 2)
+    if training is not None and bool(np.asarray(ctx.const(training, "training_mode")).item()):
+        raise ctx.error("Dropout in training mode is random; export the model in eval mode")
+    if int(node.attrs.get("is_test", 1)) == 0 and ctx.opset < 7:
+        raise ctx.error("Dropout with is_test=0 is random; export the model in eval mode")
+    x = ctx.value(node.inputs[0])
+    ctx.alias(node.outputs[0], x)
+    if len(node.outputs) > 1 and node.outputs[1].name:
+        if node.outputs[1].outputs:
+            raise ctx.error("the Dropout mask output is used by other nodes; not supported")
+
+
+@register("Cast", since=1)
+def lower_cast(ctx, node):
+    to = int(node.attrs.get("to", 1))
+    from onnx import TensorProto
+    if to not in (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16):
+        raise ctx.error("a cast of a computed tensor to a non-float type is not supported")
+    ctx.alias(node.outputs[0], ctx.computed(node.inputs[0]))

@@ -110,12 +110,14 @@ class Network:
                                    else (lower, upper))
                 n.release()
             how = self.intermediate.get(n.name)
-            if how is None or n is self.input:
+            if how is None:
                 continue
             base = ibp[n.name]
             if prior is not None and n.name in prior:
                 base = _intersect(base, prior[n.name])
-            if how == "ibp":
+            if n is self.input:             # a relaxed op on the input: the box is exact
+                known[n.name] = base
+            elif how == "ibp":
                 known[n.name] = _intersect(refined[n.name], base) if refine else base
             elif prior is not None and n.name in prior:
                 known[n.name] = self._crown_unstable(n, lower, upper, known, base)

@@ -1,16 +1,12 @@
-"""Elementwise ops: Relu, arithmetic with constants (-> `affine`), sums of computed tensors
-(-> `add`), and the pass-through ops Identity, Dropout (inference) and Cast between floats."""
+"""The arithmetic family: arithmetic with constants (-> `affine`: Add, Sub, Mul, Div, Neg,
+BatchNormalization in inference as a per-channel affine that canonicalize folds into the layer
+before it) and sums of computed tensors (-> `add`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from shardbound.compiler.lowering import register
-
-
-@register("Relu", since=1)
-def lower_relu(ctx, node):
-    ctx.emit("relu", [ctx.computed(node.inputs[0])], node.outputs[0])
 
 
 def _affine(ctx, node, x, scale=None, shift=None):
@@ -83,30 +79,18 @@ def lower_neg(ctx, node):
     _affine(ctx, node, ctx.computed(node.inputs[0]), scale=np.float32(-1.0))
 
 
-@register("Identity", since=1)
-def lower_identity(ctx, node):
-    ctx.alias(node.outputs[0], ctx.value(node.inputs[0]))
-
-
-@register("Dropout", since=1)
-def lower_dropout(ctx, node):
-    """Inference: the output is the input; a requested mask output is all ones."""
-    training = ctx.optional_input(node, 2)
-    if training is not None and bool(np.asarray(ctx.const(training, "training_mode")).item()):
-        raise ctx.error("Dropout in training mode is random; export the model in eval mode")
-    if int(node.attrs.get("is_test", 1)) == 0 and ctx.opset < 7:
-        raise ctx.error("Dropout with is_test=0 is random; export the model in eval mode")
-    x = ctx.value(node.inputs[0])
-    ctx.alias(node.outputs[0], x)
-    if len(node.outputs) > 1 and node.outputs[1].name:
-        if node.outputs[1].outputs:
-            raise ctx.error("the Dropout mask output is used by other nodes; not supported")
-
-
-@register("Cast", since=1)
-def lower_cast(ctx, node):
-    to = int(node.attrs.get("to", 1))
-    from onnx import TensorProto
-    if to not in (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16):
-        raise ctx.error("a cast of a computed tensor to a non-float type is not supported")
-    ctx.alias(node.outputs[0], ctx.computed(node.inputs[0]))
+@register("BatchNormalization", since=1)
+def lower_batchnorm(ctx, node):
+    if int(node.attrs.get("training_mode", 0)):
+        raise ctx.error("BatchNormalization in training mode; export the model in eval mode")
+    if len(node.outputs) > 1 and any(o.outputs for o in node.outputs[1:]):
+        raise ctx.error("BatchNormalization's running statistics outputs are used; not supported")
+    x = ctx.computed(node.inputs[0])
+    gamma, beta, mean, var = (ctx.const(node.inputs[i], what).astype(np.float64) for i, what in
+                              ((1, "scale"), (2, "bias"), (3, "mean"), (4, "var")))
+    eps = float(node.attrs.get("epsilon", 1e-5))
+    scale = gamma / np.sqrt(var + eps)
+    shift = beta - mean * scale
+    per_channel = (x.shape[0],) + (1,) * (len(x.shape) - 1)
+    ctx.emit("affine", [x], node.outputs[0],
+             params={"scale": scale.reshape(per_channel), "shift": shift.reshape(per_channel)})

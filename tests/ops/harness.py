@@ -1,0 +1,192 @@
+"""The op-family test harness: one `OpCase` per op and way of using it; `generate(CASES)`
+makes the tests every family file runs on its cases.
+
+- forward: the compiled program's concrete forward pass equals onnxruntime (and onnx.reference,
+  unless the case says the reference evaluator disagrees with the spec) on random inputs,
+  for each opset the case lists (one per registered since-version: test_coverage.py checks
+  that every registered (op, version) has a case);
+- soundness: IBP, CROWN and alpha-CROWN bounds contain 10,000 sampled outputs (a quarter on
+  box corners) and a projected-gradient search's, on boxes of every kind (narrow, wide,
+  crossing the kinks, deep in saturated regions, degenerate coordinates with lower == upper);
+  CROWN's bounds are never looser than IBP's and alpha-CROWN's lower bounds never below
+  CROWN's.
+
+Case models put the op under test where the box reaches it directly (the first op after the
+input, so the box kinds control its input range) and again deeper, behind a linear layer (so
+its relaxation meets real A-matrices): see `sandwich`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import zlib
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import zoo
+from soundness import REL_TOL, assert_within, witness_values
+
+BOX_KINDS = ("narrow", "wide", "kinks", "saturated", "degenerate")
+METHODS = ("ibp", "crown", "alpha-crown")
+
+
+@dataclass(frozen=True)
+class OpCase:
+    name: str                           # test id
+    op: str                             # the ONNX op under test (for coverage)
+    build: Callable                     # build(rng, opset) -> (ModelProto, input shape)
+    opsets: tuple[int, ...] = (13,)
+    reference: bool = True              # onnx.reference agrees with the spec for this op
+    boxes: tuple[str, ...] = BOX_KINDS
+    methods: tuple[str, ...] = METHODS
+    scale: float = 1.0                  # the input scale of boxes and forward samples
+    rtol: float = 1e-4
+    atol: float = 1e-5
+
+    def id(self, opset: int) -> str:
+        return f"{self.name}-op{opset}"
+
+
+def make_box(kind: str, rng: np.random.Generator, shape, scale: float = 1.0):
+    """(lo, hi) float32 of one box kind."""
+    shape = tuple(shape)
+    center = rng.uniform(-1, 1, size=shape) * scale
+    if kind == "narrow":
+        radius = np.full(shape, 1e-3 * scale)
+    elif kind == "wide":
+        radius = rng.uniform(1.0, 3.0, size=shape) * scale
+    elif kind == "kinks":           # centred near 0, so kinks at 0 lie inside
+        center = rng.uniform(-0.1, 0.1, size=shape) * scale
+        radius = rng.uniform(0.3, 0.8, size=shape) * scale
+    elif kind == "saturated":       # far from 0 on either side
+        center = np.sign(rng.uniform(-1, 1, size=shape)) * rng.uniform(4, 10, size=shape) * scale
+        radius = rng.uniform(0.2, 1.0, size=shape) * scale
+    elif kind == "degenerate":      # half of the coordinates fixed: lower == upper
+        radius = rng.uniform(0.1, 0.5, size=shape) * scale
+        radius[rng.uniform(size=shape) < 0.5] = 0.0
+    else:
+        raise ValueError(kind)
+    lo = (center - radius).astype(np.float32)
+    hi = (center + radius).astype(np.float32)
+    return lo, np.maximum(hi, lo)
+
+
+def sandwich(rng, opset: int, input_shape, apply, width: int = 12, outputs: int = 3):
+    """x -> apply(op) -> Flatten -> Gemm -> apply(op) -> Gemm: the op under test once on the
+    input itself and once behind a linear layer. `apply(builder, tensor, shape) -> (tensor,
+    shape)` adds the op (with whatever constants it needs)."""
+    b = zoo.Builder(rng, input_shape, opset=opset)
+    h, shape = apply(b, "x", (1, *input_shape))
+    if len(shape) != 2:
+        h = b.op("Flatten", [h], axis=1)
+    n = int(np.prod(shape[1:]))
+    h = b.gemm(h, n, width)
+    h, shape = apply(b, h, (1, width))
+    if len(shape) != 2:
+        h = b.op("Flatten", [h], axis=1)
+    return b.build(b.gemm(h, int(np.prod(shape[1:])), outputs)), tuple(input_shape)
+
+
+# -- compiling, with one compile per (case, opset) in a session --------------------------------
+_COMPILED: dict[tuple[str, int], tuple] = {}
+_TMP = tempfile.TemporaryDirectory(prefix="shardbound-ops-")
+
+
+def compiled(case: OpCase, opset: int, **options):
+    """(verifier, model) for the case at this opset, compiled once per session."""
+    from shardbound.compiler.driver import compile_model
+    from shardbound.passes.manager import PassOptions
+    from shardbound.runtime import load
+
+    key = (case.id(opset), tuple(sorted(options.items())))
+    if key not in _COMPILED:
+        model, _ = case.build(np.random.default_rng(7), opset)
+        tag = "_".join([case.id(opset)] + [f"{k}-{v}" for k, v in sorted(options.items())])
+        path = os.path.join(_TMP.name, f"{tag}.onnx")
+        onnx.save(model, path)
+        out = os.path.join(_TMP.name, f"{tag}_prog")
+        compile_model(path, out, PassOptions(**options))
+        _COMPILED[key] = (load(out), model)
+    return _COMPILED[key]
+
+
+def flat_forward(verifier):
+    def forward(x):
+        return verifier.network.forward(
+            x.reshape(-1, *verifier.input_shape)).reshape(x.shape[0], -1)
+
+    return forward
+
+
+def references(model, use_reference: bool):
+    ort = pytest.importorskip("onnxruntime")
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    refs = [("onnxruntime", lambda feed: session.run(None, feed)[0])]
+    if use_reference:
+        from onnx.reference import ReferenceEvaluator
+
+        evaluator = ReferenceEvaluator(model)
+        refs.append(("onnx.reference", lambda feed: evaluator.run(None, feed)[0]))
+    return refs
+
+
+# -- the checks ---------------------------------------------------------------------------------
+def check_forward(case: OpCase, opset: int) -> None:
+    verifier, model = compiled(case, opset)
+    rng = np.random.default_rng(11)
+    name = model.graph.input[0].name
+    refs = references(model, case.reference)
+    for kind in BOX_KINDS:                  # inputs from every region the boxes visit
+        lo, hi = make_box(kind, rng, verifier.input_shape, case.scale)
+        x = (lo + rng.uniform(size=lo.shape) * (hi - lo)).astype(np.float32)[None]
+        got = verifier.forward(torch.from_numpy(x)).numpy().reshape(-1)
+        for ref_name, ref in refs:
+            want = np.asarray(ref({name: x})).reshape(-1)
+            np.testing.assert_allclose(got, want, rtol=case.rtol, atol=case.atol,
+                                       err_msg=f"{case.id(opset)} vs {ref_name} ({kind} input)")
+
+
+def check_sound(case: OpCase, opset: int, kind: str) -> None:
+    verifier, _ = compiled(case, opset)
+    rng = np.random.default_rng(zlib.crc32(f"{case.name}/{kind}".encode()))
+    lo, hi = make_box(kind, rng, verifier.input_shape, case.scale)
+    values = witness_values(flat_forward(verifier), torch.from_numpy(lo), torch.from_numpy(hi))
+    results = {}
+    for method in case.methods:
+        lb, ub = verifier.bounds(lo, hi, method=method)
+        assert bool(torch.isfinite(lb).all() and torch.isfinite(ub).all()), (case.name, method)
+        # lower <= upper up to float rounding (a point box: CROWN's rounding vs IBP's exact)
+        slack = REL_TOL * (1 + torch.maximum(lb.abs(), ub.abs()))
+        assert bool((lb <= ub + slack).all()), (case.name, kind, method)
+        assert_within(values, lb, ub, label=f"{case.id(opset)}/{kind}/{method}")
+        results[method] = (lb, ub)
+    if "ibp" in results and "crown" in results:
+        (il, iu), (cl, cu) = results["ibp"], results["crown"]
+        assert bool((cl >= il).all() and (cu <= iu).all()), f"{case.name}/{kind}: CROWN looser than IBP"
+    if "crown" in results and "alpha-crown" in results:
+        assert bool((results["alpha-crown"][0] >= results["crown"][0]).all()), \
+            f"{case.name}/{kind}: alpha-CROWN below CROWN"
+
+
+def generate(cases: list[OpCase], namespace: dict) -> None:
+    """Define test_forward and test_sound over `cases` in a test module's namespace."""
+    forward_params = [pytest.param(c, o, id=c.id(o)) for c in cases for o in c.opsets]
+    sound_params = [pytest.param(c, o, k, id=f"{c.id(o)}-{k}") for c in cases for o in c.opsets
+                    for k in c.boxes]
+
+    @pytest.mark.parametrize("case,opset", forward_params)
+    def test_forward(case, opset):
+        check_forward(case, opset)
+
+    @pytest.mark.parametrize("case,opset,kind", sound_params)
+    def test_sound(case, opset, kind):
+        check_sound(case, opset, kind)
+
+    namespace["test_forward"] = test_forward
+    namespace["test_sound"] = test_sound
