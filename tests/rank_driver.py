@@ -67,8 +67,9 @@ def _verify_all(verifier, entry, comm) -> list[dict]:
     out = []
     for path in entry["specs"]:
         result = verify(verifier, read_spec(path), entry.get("verify_timeout", 120), comm)
+        text = result.vnncomp_text()
         out.append({"dir": entry["dir"], "method": path, "verdict": result.verdict,
-                    "sha": hashlib.sha256(result.vnncomp_text().encode()).hexdigest()})
+                    "text": text, "sha": hashlib.sha256(text.encode()).hexdigest()})
     return out
 
 
