@@ -1,5 +1,19 @@
 """The activation family: piecewise-linear activations, bounded through the relaxation
-interface (runtime/ops/relaxation.py). Lowered in compiler/lowering/activation.py."""
+interface (runtime/ops/relaxation.py). Lowered in compiler/lowering/activation.py.
+
+- `Relu`.
+- `KinkAtZero` ops, f(x) = x for x >= 0 and a x below (any real a, per element): LeakyRelu
+  (attribute a). Convex when a <= 1, concave when a > 1. Optimisable and splittable at 0,
+  like ReLU.
+
+Sound by construction (`PiecewiseLinear`): an op chooses only the *slopes* of its lines; the
+intercepts are computed from them as the exact extreme of f(p) - s p over the points where a
+piecewise-linear f - s x can reach its extremes on [l, u] (l, u and the kinks inside),
+in float64 with an error-free difference, and rounded outward to float32. So every slope,
+whatever alpha-CROWN or rounding makes of it, gives a line that holds at every real point of
+[l, u] (degenerate, very wide or saturated intervals included); the slope choice only decides
+how tight it is. Pieces where f is linear get its own line exactly (intercept error 0).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +29,10 @@ def _unstable(lo, hi):
     return (lo < 0) & (hi > 0)
 
 
+def _intercept_note(facts, sums):
+    return f"bias A.intercept over {sums(math.prod(facts.shape))}"
+
+
 @register_op
 class Relu(ElementwiseRelaxation):
     """CROWN relaxation: upper line through (l, 0) and (u, u); lower slope 1 where u > -l,
@@ -28,7 +46,7 @@ class Relu(ElementwiseRelaxation):
 
     @classmethod
     def summation_note(cls, facts, sums):
-        return f"bias A.intercept over {sums(math.prod(facts.shape))}"
+        return _intercept_note(facts, sums)
 
     def forward(self, x):
         return torch.clamp(x, min=0)
@@ -58,3 +76,163 @@ class Relu(ElementwiseRelaxation):
         unstable = _unstable(lo, hi)
         denom = torch.where(unstable, hi - lo, torch.ones_like(hi))
         return torch.where(unstable, -lo * hi / denom, torch.zeros_like(hi))
+
+
+# -- exact intercepts ------------------------------------------------------------------------------
+def _two_diff(a: torch.Tensor, b: torch.Tensor):
+    """(d, e) with d = fl(a - b) and a - b = d + e exactly (Knuth's TwoSum, float64)."""
+    d = a - b
+    bv = d - a
+    av = d - bv
+    return d, (a - av) + (-b - bv)
+
+
+def _round_out(d: torch.Tensor, e: torch.Tensor, up: bool) -> torch.Tensor:
+    """The nearest float32 at or above (up) / at or below d + e, for |e| <= ulp64(d) / 2."""
+    r = d.float()
+    rd = r.double()
+    if up:
+        bump = (rd < d) | ((rd == d) & (e > 0))
+        return torch.where(bump, torch.nextafter(r, torch.full_like(r, math.inf)), r)
+    bump = (rd > d) | ((rd == d) & (e < 0))
+    return torch.where(bump, torch.nextafter(r, torch.full_like(r, -math.inf)), r)
+
+
+def _chord(f_lo, f_hi, lo64, hi64, where) -> torch.Tensor:
+    """float32 slope (f(u) - f(l)) / (u - l) where `where`, else 0 (computed in float64)."""
+    denom = torch.where(where, hi64 - lo64, torch.ones_like(hi64))
+    return torch.where(where, (f_hi - f_lo) / denom, torch.zeros_like(denom)).float()
+
+
+class PiecewiseLinear(ElementwiseRelaxation):
+    """A continuous piecewise-linear f with float32 kinks: subclasses give `value` (f in the
+    dtype of its argument, exact in float64 for float32 arguments), `kinks` and `slopes`
+    (the float32 slopes of the lower and upper line over [l, u]); IBP and the intercepts are
+    derived here (see the module docstring)."""
+
+    tp_roles = ("elementwise",)
+
+    @classmethod
+    def summation_note(cls, facts, sums):
+        return _intercept_note(facts, sums)
+
+    def value(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def kinks(self) -> list:
+        """float32 tensors broadcast to the sample shape (or floats): where f bends."""
+        raise NotImplementedError
+
+    def slopes(self, lo, hi, alpha):
+        """(lower slope, upper slope), float32, broadcast to (B, S or 1, *shape)."""
+        raise NotImplementedError
+
+    def forward(self, x):
+        return self.value(x)
+
+    def points(self, lo, hi) -> list[torch.Tensor]:
+        """The points of [lo, hi] where f - s x has its extremes, for any s: the ends and
+        the kinks inside (a kink outside is clamped onto an end)."""
+        return [lo, hi] + [torch.clamp(torch.as_tensor(k, dtype=lo.dtype, device=lo.device),
+                                       lo, hi) for k in self.kinks()]
+
+    def ibp(self, b):
+        lo, hi = b
+        values = [self.value(p) for p in self.points(lo, hi)]
+        low, high = values[0], values[0]
+        for v in values[1:]:
+            low, high = torch.minimum(low, v), torch.maximum(high, v)
+        return low, high
+
+    def relax(self, lo, hi, alpha=None):
+        low, up = self.slopes(lo, hi, alpha)
+        return Lines(low, self._intercept(low, lo, hi, upper=False),
+                     up, self._intercept(up, lo, hi, upper=True))
+
+    def _intercept(self, slope, lo, hi, upper: bool) -> torch.Tensor:
+        """The float32 intercept b making slope x + b an upper (lower) line of f on [lo, hi]:
+        max (min) over `points` p of f(p) - slope p, exact, rounded outward. Its gradient
+        with respect to the slope is -p at the extreme point (alpha-CROWN)."""
+        with torch.no_grad():
+            s = slope.detach().double()
+            best = at = None
+            for p in self.points(lo, hi):
+                p64 = p.double()
+                d, e = _two_diff(self.value(p64), s * p64)    # s * p is exact in float64
+                r = _round_out(d, e, up=upper)
+                if best is None:
+                    best, at = r, p.expand_as(r)
+                else:
+                    take = r > best if upper else r < best
+                    best, at = torch.where(take, r, best), torch.where(take, p, at)
+        if slope.requires_grad:
+            return best - (slope - slope.detach()) * at
+        return best
+
+
+# -- f(x) = x (x >= 0), a x (x < 0) --------------------------------------------------------------
+class KinkAtZero(PiecewiseLinear):
+    """Two linear pieces meeting at 0 with slopes a (x < 0) and 1 (x >= 0), any real a.
+
+    On an unstable neuron (l < 0 < u) one side is the chord through (l, f(l)) and (u, f(u)),
+    the other a line s x through the kink with s in [min(a, 1), max(a, 1)]: a lower line when
+    f is convex (a <= 1), an upper line when it is concave (a > 1). That slope is alpha's:
+    s = a + t (1 - a), t in [0, 1], CROWN's choice t = [u > -l] (the smaller area in both
+    cases). A split at 0 leaves f linear on each child."""
+
+    has_alpha = True
+    splittable = True
+
+    def negative_slope(self):
+        """a: a float or a float32 tensor broadcast to the sample shape."""
+        raise NotImplementedError
+
+    def kinks(self):
+        return [0.0]
+
+    def _a(self, like):
+        return torch.as_tensor(self.negative_slope(), dtype=like.dtype, device=like.device)
+
+    def value(self, x):
+        return torch.where(x >= 0, x, x * self._a(x))
+
+    def slopes(self, lo, hi, alpha):
+        a = self._a(lo)
+        with torch.no_grad():
+            unstable = _unstable(lo, hi)
+            lo64, hi64 = lo.double(), hi.double()
+            chord = _chord(self.value(lo64), self.value(hi64), lo64, hi64, unstable)
+            piece = torch.where(lo >= 0, torch.ones_like(lo), a)
+        t = (hi > -lo).to(lo.dtype) if alpha is None else alpha.clamp(0, 1)   # grad: alpha
+        kink_line = torch.lerp(a.expand_as(piece), torch.ones_like(piece), t)   # exact at t = 0, 1
+        convex = a <= 1
+        lower = torch.where(unstable, torch.where(convex, kink_line, chord), piece)
+        upper = torch.where(unstable, torch.where(convex, chord, kink_line), piece)
+        return lower, upper
+
+    def inexact(self, lo, hi):
+        return _unstable(lo, hi) & (self._a(lo) != 1)
+
+    def alpha_init(self, in_bounds):
+        lo, hi = in_bounds[0]
+        return (hi > -lo).to(lo.dtype)
+
+    def branch_slack(self, lo, hi):
+        """|1 - a| (-l u) / (u - l): the chord's gap at the kink, which a split removes."""
+        unstable = _unstable(lo, hi)
+        denom = torch.where(unstable, hi - lo, torch.ones_like(hi))
+        gap = (1 - self._a(lo)).abs() * (-lo * hi / denom)
+        return torch.where(unstable, gap, torch.zeros_like(gap))
+
+
+@register_op
+class LeakyRelu(KinkAtZero):
+    """LeakyRelu: a = the `alpha` attribute (a float32 value; any sign or size)."""
+
+    kind = "leaky_relu"
+
+    def setup(self, alpha=0.01):
+        self.alpha = float(alpha)
+
+    def negative_slope(self):
+        return self.alpha

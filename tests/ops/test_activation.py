@@ -1,8 +1,19 @@
-"""The activation family (runtime/ops/activation.py, compiler/lowering/activation.py)."""
+"""The activation family (runtime/ops/activation.py, compiler/lowering/activation.py):
+Relu, LeakyRelu.
+
+Besides the harness's forward and soundness checks on every case: the relaxation lines hold
+exactly (float64 grid, exact comparison) on random intervals of every kind and for random
+feasible alphas."""
 
 from __future__ import annotations
 
-from harness import OpCase, generate, sandwich
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from harness import OpCase, generate, make_box, sandwich
 
 
 def _unary(op, **attrs):
@@ -11,8 +22,158 @@ def _unary(op, **attrs):
     return apply
 
 
+def _net(apply, n=8):
+    return lambda rng, o: sandwich(rng, o, (n,), apply)
+
+
 CASES = [
-    OpCase("relu", "Relu", lambda rng, o: sandwich(rng, o, (8,), _unary("Relu")), opsets=(8, 14)),
+    OpCase("relu", "Relu", _net(_unary("Relu")), opsets=(8, 14)),
+    OpCase("leaky_relu", "LeakyRelu", _net(_unary("LeakyRelu", alpha=0.1)), opsets=(7, 16)),
+    OpCase("leaky_relu_default", "LeakyRelu", _net(_unary("LeakyRelu"))),
+    OpCase("leaky_relu_concave", "LeakyRelu", _net(_unary("LeakyRelu", alpha=2.5))),
+    OpCase("leaky_relu_negative", "LeakyRelu", _net(_unary("LeakyRelu", alpha=-0.4))),
 ]
 
 generate(CASES, globals())
+
+
+# -- the relaxation lines, directly --------------------------------------------------------------
+N = 6                                   # neurons (columns) per kernel
+F32 = np.float32
+
+
+def _split(x):
+    """x = hi + lo with hi of at most 26 significant bits (Veltkamp): a float32 times either
+    part is exact in float64."""
+    c = 134217729.0 * x
+    hi = c - (c - x)
+    return hi, x - hi
+
+
+class Ref:
+    """f per neuron (column) i: in float64 on (M, B, N) arrays, and as float64 terms whose
+    exact sum is f(x) (for an exact comparison with math.fsum)."""
+
+    def __init__(self, kind, a=None, m=None, M=None):
+        self.kind, self.a, self.m, self.M = kind, a, m, M
+
+    def f64(self, x):
+        if self.kind == "kink":
+            return np.where(x >= 0, x, x * self.a)
+        if self.kind == "sign":
+            return np.sign(x)
+        if self.m is not None:
+            x = np.maximum(x, self.m)
+        return x if self.M is None else np.minimum(x, self.M)
+
+    def terms(self, x):
+        if self.kind != "kink":
+            return [self.f64(x)]                # max / min / sign: exact
+        hi, lo = _split(x)
+        neg = x < 0
+        return [np.where(neg, self.a * hi, hi), np.where(neg, self.a * lo, lo)]
+
+    def kinks(self):
+        if self.kind == "clamp":
+            return [k for k in (self.m, self.M) if k is not None]
+        return [np.zeros(N)]
+
+
+def _kernels():
+    """(label, kernel, Ref) for every relaxed kernel of the family, with slopes and bounds of
+    every kind (convex, concave, negative, linear; m < M, m == M, one bound)."""
+    from shardbound.runtime.ops import OP_TYPES
+
+    out = []
+    for a in (0.01, 0.3, 1.0, 2.5, -0.4):
+        a = float(F32(a))
+        out.append((f"leaky_relu({a})", OP_TYPES["leaky_relu"]("n", ["x"], [(N,)], alpha=a),
+                    Ref("kink", a=np.full(N, a))))
+    return out
+
+
+def _intervals(ref, rng, B=12):
+    """(lo, hi) float32 (B', N): every harness box kind at two scales; very wide and tiny
+    intervals around each kink; intervals that end on a kink; a kink itself."""
+    los, his = [], []
+    for kind in ("narrow", "wide", "kinks", "saturated", "degenerate"):
+        for scale in (1.0, 4.0):
+            lo, hi = make_box(kind, rng, (B, N), scale)
+            los.append(lo), his.append(hi)
+    for k in ref.kinks():
+        k = np.broadcast_to(k, (B, N))
+        for lo, hi in ((k - rng.uniform(1e3, 1e30, (B, N)), k + rng.uniform(1e3, 1e30, (B, N))),
+                       (k - rng.uniform(0, 1e-30, (B, N)), k + rng.uniform(0, 1e-30, (B, N))),
+                       (k, k + rng.uniform(0, 2, (B, N))), (k - rng.uniform(0, 2, (B, N)), k),
+                       (k, k)):
+            lo = np.asarray(lo, F32)
+            los.append(lo), his.append(np.maximum(np.asarray(hi, F32), lo))
+    return np.concatenate(los), np.concatenate(his)
+
+
+def _grid(ref, lo, hi, n=41):
+    """(M, B, N) float64 points of each [lo, hi]: a dense grid, both ends and the kinks inside."""
+    lo64, hi64 = lo.astype(np.float64), hi.astype(np.float64)
+    t = np.linspace(0, 1, n).reshape(-1, 1, 1)
+    pts = [lo64 + t * (hi64 - lo64), lo64[None], hi64[None]]
+    pts += [np.clip(np.broadcast_to(k, lo.shape), lo64, hi64)[None] for k in ref.kinks()]
+    return np.minimum(np.maximum(np.concatenate(pts), lo64), hi64)
+
+
+def _assert_line(ref, xs, slope, icpt, upper, label):
+    """slope x + icpt >= f(x) (upper) or <= f(x) at every point, exactly: a float64 screen,
+    and where it is too close to call, the sign of the exact sum of exact float64 terms
+    (math.fsum rounds that sum correctly, so its sign is exact)."""
+    slope, icpt = slope.astype(np.float64), icpt.astype(np.float64)
+    fx = ref.f64(xs)
+    gap = (slope * xs + icpt - fx) * (1 if upper else -1)
+    tol = 1e-9 * (np.abs(slope * xs) + np.abs(icpt) + np.abs(fx))
+    bad = gap < -tol
+    assert not bad.any(), (label, "upper" if upper else "lower", xs[bad][:3])
+    close = np.abs(gap) <= tol
+    x = xs[close]
+    s, b = np.broadcast_to(slope, xs.shape)[close], np.broadcast_to(icpt, xs.shape)[close]
+    hi, lo = _split(x)
+    f_terms = [np.broadcast_to(t, xs.shape)[close] for t in ref.terms(xs)]
+    terms = [s * hi, s * lo, b] + [-t for t in f_terms]
+    sign = 1.0 if upper else -1.0
+    for j, row in enumerate(zip(*terms)):
+        assert sign * math.fsum(row) >= 0, (label, "upper" if upper else "lower", float(x[j]))
+
+
+def _as_np(t, shape):
+    return torch.broadcast_to(t.detach() if t is not None else torch.zeros(()), shape).numpy()
+
+
+@pytest.mark.parametrize("k", range(len(_kernels())), ids=[k[0] for k in _kernels()])
+def test_relaxation_lines_hold_exactly(k):
+    """Lower <= f <= upper at every grid point (exactly) for CROWN's lines and for random
+    feasible alphas (0 and 1 included); where the kernel says the relaxation is exact, the two
+    lines are f's own piece."""
+    label, op, ref = _kernels()[k]
+    rng = np.random.default_rng(k)
+    lo, hi = _intervals(ref, rng)
+    B = lo.shape[0]
+    tlo, thi = torch.from_numpy(lo).unsqueeze(1), torch.from_numpy(hi).unsqueeze(1)
+    alphas = [None]
+    if op.has_alpha:
+        init = op.alpha_init([(tlo[:, 0], thi[:, 0])])
+        S = 4
+        a = torch.from_numpy(rng.uniform(0, 1, (B, S, *init.shape[1:])).astype(F32))
+        a[:, 0], a[:, 1] = 0.0, 1.0
+        op.alpha_project_(a)
+        alphas.append(a)
+    xs = _grid(ref, lo, hi)
+    exact = ~op.inexact(tlo[:, 0], thi[:, 0]).numpy()
+    for alpha in alphas:
+        lines = op.relax(tlo, thi, alpha)
+        S = 1 if alpha is None else alpha.shape[1]
+        for s in range(S):
+            pick = lambda t: _as_np(t, (B, S, N))[:, s]            # noqa: E731
+            ls, li, us, ui = (pick(t) for t in (lines.lower_slope, lines.lower_icpt,
+                                                 lines.upper_slope, lines.upper_icpt))
+            assert np.isfinite([ls, li, us, ui]).all(), label
+            _assert_line(ref, xs, ls, li, upper=False, label=label)
+            _assert_line(ref, xs, us, ui, upper=True, label=label)
+            if alpha is None and ref.kind != "sign":
+                assert (ls[exact] == us[exact]).all() and (li[exact] == ui[exact]).all(), label
