@@ -1,7 +1,8 @@
 """The activation family: ReLU and the other piecewise-linear activations (kernels in
 runtime/ops/activation.py).
 
-Relu, LeakyRelu (-> leaky_relu; relu when alpha = 0).
+Relu, LeakyRelu (-> leaky_relu; relu when alpha = 0), PRelu with a constant slope (-> prelu),
+Abs.
 """
 
 from __future__ import annotations
@@ -26,3 +27,18 @@ def lower_leaky_relu(ctx, node):
         ctx.emit("relu", [x], node.outputs[0])
     else:
         ctx.emit("leaky_relu", [x], node.outputs[0], attrs={"alpha": alpha})
+
+
+@register("PRelu", since=7)
+def lower_prelu(ctx, node):
+    x = ctx.computed(node.inputs[0])
+    if not ctx.is_const(node.inputs[1]):
+        raise ctx.error("its slope is computed from the network input; only a constant slope "
+                        "(a trained parameter) is supported")
+    slope = ctx.sample_constant(ctx.const(node.inputs[1], "slope"), x, "the slope")
+    ctx.emit("prelu", [x], node.outputs[0], params={"slope": slope})
+
+
+@register("Abs", since=6)
+def lower_abs(ctx, node):
+    ctx.emit("abs", [ctx.computed(node.inputs[0])], node.outputs[0])

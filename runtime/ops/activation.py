@@ -3,8 +3,8 @@ interface (runtime/ops/relaxation.py). Lowered in compiler/lowering/activation.p
 
 - `Relu`.
 - `KinkAtZero` ops, f(x) = x for x >= 0 and a x below (any real a, per element): LeakyRelu
-  (attribute a). Convex when a <= 1, concave when a > 1. Optimisable and splittable at 0,
-  like ReLU.
+  (attribute a), PRelu (a constant slope tensor), Abs (a = -1). Convex when a <= 1, concave
+  when a > 1. Optimisable and splittable at 0, like ReLU.
 
 Sound by construction (`PiecewiseLinear`): an op chooses only the *slopes* of its lines; the
 intercepts are computed from them as the exact extreme of f(p) - s p over the points where a
@@ -236,3 +236,28 @@ class LeakyRelu(KinkAtZero):
 
     def negative_slope(self):
         return self.alpha
+
+
+@register_op
+class PRelu(KinkAtZero):
+    """PRelu: a = the constant `slope` tensor, broadcast to the sample shape (per channel:
+    a tp zone holds its channels' slice of it)."""
+
+    kind = "prelu"
+    param_roles = ("slope",)
+
+    def negative_slope(self):
+        return self.param("slope")
+
+
+@register_op
+class Abs(KinkAtZero):
+    """|x|: a = -1 (lower line s x with s in [-1, 1] on unstable neurons)."""
+
+    kind = "abs"
+
+    def negative_slope(self):
+        return -1.0
+
+    def value(self, x):
+        return x.abs()

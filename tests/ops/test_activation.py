@@ -1,5 +1,5 @@
 """The activation family (runtime/ops/activation.py, compiler/lowering/activation.py):
-Relu, LeakyRelu.
+Relu, LeakyRelu, PRelu, Abs.
 
 Besides the harness's forward and soundness checks on every case: the relaxation lines hold
 exactly (float64 grid, exact comparison) on random intervals of every kind and for random
@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from conv_helpers import conv_net
 from harness import OpCase, generate, make_box, sandwich
 
 
@@ -22,8 +23,26 @@ def _unary(op, **attrs):
     return apply
 
 
+def _prelu(kind):
+    """PRelu with a per-channel slope (C,) on (1, C), (C, 1, 1) on (1, C, H, W), or one
+    shared slope; slopes in [-1.5, 2.5]: convex (<= 1), concave (> 1) and negative ones."""
+    def apply(b, x, shape):
+        if kind == "shared":
+            slope = np.array([1.7], dtype=np.float32)
+        elif len(shape) == 2:
+            slope = b.rng.uniform(-1.5, 2.5, (shape[1],))
+        else:
+            slope = b.rng.uniform(-1.5, 2.5, (shape[1], 1, 1))
+        return b.op("PRelu", [x, b.const(slope)]), shape
+    return apply
+
+
 def _net(apply, n=8):
     return lambda rng, o: sandwich(rng, o, (n,), apply)
+
+
+def _conv(apply):
+    return lambda rng, o: conv_net(rng, o, (2, 4, 4), apply)
 
 
 CASES = [
@@ -32,6 +51,10 @@ CASES = [
     OpCase("leaky_relu_default", "LeakyRelu", _net(_unary("LeakyRelu"))),
     OpCase("leaky_relu_concave", "LeakyRelu", _net(_unary("LeakyRelu", alpha=2.5))),
     OpCase("leaky_relu_negative", "LeakyRelu", _net(_unary("LeakyRelu", alpha=-0.4))),
+    OpCase("prelu", "PRelu", _net(_prelu("channel")), opsets=(7, 9, 16)),
+    OpCase("prelu_shared", "PRelu", _net(_prelu("shared"))),
+    OpCase("prelu_conv", "PRelu", _conv(_prelu("channel"))),
+    OpCase("abs", "Abs", _net(_unary("Abs")), opsets=(7, 13)),
 ]
 
 generate(CASES, globals())
@@ -84,11 +107,18 @@ def _kernels():
     every kind (convex, concave, negative, linear; m < M, m == M, one bound)."""
     from shardbound.runtime.ops import OP_TYPES
 
+    rng = np.random.default_rng(3)
     out = []
     for a in (0.01, 0.3, 1.0, 2.5, -0.4):
         a = float(F32(a))
         out.append((f"leaky_relu({a})", OP_TYPES["leaky_relu"]("n", ["x"], [(N,)], alpha=a),
                     Ref("kink", a=np.full(N, a))))
+    slope = rng.uniform(-1.5, 2.5, N).astype(F32)
+    slope[0] = 1.0
+    out.append(("prelu", OP_TYPES["prelu"]("n", ["x"], [(N,)],
+                                          params={"slope": torch.from_numpy(slope)}),
+                Ref("kink", a=slope.astype(np.float64))))
+    out.append(("abs", OP_TYPES["abs"]("n", ["x"], [(N,)]), Ref("kink", a=np.full(N, -1.0))))
     return out
 
 
