@@ -5,6 +5,9 @@ interface (runtime/ops/relaxation.py). Lowered in compiler/lowering/activation.p
 - `KinkAtZero` ops, f(x) = x for x >= 0 and a x below (any real a, per element): LeakyRelu
   (attribute a), PRelu (a constant slope tensor), Abs (a = -1). Convex when a <= 1, concave
   when a > 1. Optimisable and splittable at 0, like ReLU.
+- `Clamp`, f(x) = min(max(x, m), M) with constant per-element m and/or M: Clip (HardTanh,
+  Relu6), and Max / Min of a tensor and constants (m alone, M alone). A convex kink at m, a
+  concave one at M; optimisable, not splittable (its kinks are not at 0).
 
 Sound by construction (`PiecewiseLinear`): an op chooses only the *slopes* of its lines; the
 intercepts are computed from them as the exact extreme of f(p) - s p over the points where a
@@ -261,3 +264,77 @@ class Abs(KinkAtZero):
 
     def value(self, x):
         return x.abs()
+
+
+# -- f(x) = min(max(x, m), M) -----------------------------------------------------------------
+@register_op
+class Clamp(PiecewiseLinear):
+    """min(max(x, m), M) with constant per-element bounds m <= M (either may be absent:
+    unbounded). Clip, HardTanh, Relu6 (m = 0, M = 6), Max(x, c) (m = c alone), Min(x, c)
+    (M = c alone).
+
+    The lower line: through the convex kink (m, m) with slope t * (f(u) - m) / (u - m) when
+    l < m < u (t in [0, 1]; at t = 1 it passes through (u, f(u)) too), else the chord (f is
+    concave or linear there). The upper line: through the concave kink (M, M) with slope
+    t' * (M - f(l)) / (M - l) when l < M < u, else the chord. Alpha holds (t, t') for the
+    bounds present; CROWN's choice t = [mid > m], t' = [mid < M] with mid = (l + u) / 2,
+    the smaller area (ReLU's rule, shifted). Over a wide interval with both kinks inside, both
+    lines are supporting lines of the hull, each pivoting on its kink."""
+
+    kind = "clamp"
+    param_roles = ("min", "max")
+    has_alpha = True
+
+    def _bound(self, role, like):
+        b = self.param(role)
+        return None if b is None else b.to(like.dtype)
+
+    def value(self, x):
+        m, M = self._bound("min", x), self._bound("max", x)
+        return torch.clamp(x, min=m, max=M)
+
+    def kinks(self):
+        return [b for b in (self.param("min"), self.param("max")) if b is not None]
+
+    def _sides(self) -> list[str]:
+        """The bounds present (asked without gathering an fsdp shard)."""
+        return [role for role in ("min", "max") if self.params.get(role) is not None]
+
+    def _inside(self, role, lo, hi):
+        b = self._bound(role, lo)
+        return None if b is None else (lo < b) & (b < hi)
+
+    def slopes(self, lo, hi, alpha):
+        sides = self._sides()
+        with torch.no_grad():
+            lo64, hi64 = lo.double(), hi.double()
+            f_lo, f_hi = self.value(lo64), self.value(hi64)
+            chord = _chord(f_lo, f_hi, lo64, hi64, hi > lo)
+        t = self._default_t(lo, hi) if alpha is None else alpha.clamp(0, 1)   # grad: alpha
+        lines = {}
+        for i, role in enumerate(sides):
+            inside = self._inside(role, lo, hi)
+            with torch.no_grad():
+                k = self._bound(role, lo64)
+                if role == "min":       # pivot (m, m), through (u, f(u)) at t = 1
+                    steepest = _chord(k, f_hi, k, hi64, inside)
+                else:                   # pivot (M, M), through (l, f(l)) at t = 1
+                    steepest = _chord(f_lo, k, lo64, k, inside)
+            lines[role] = torch.where(inside, t[:, :, i] * steepest, chord)
+        return lines.get("min", chord), lines.get("max", chord)
+
+    def _default_t(self, lo, hi):
+        mid = lo / 2 + hi / 2
+        ts = [(mid > self._bound("min", lo)) if role == "min" else (mid < self._bound("max", lo))
+              for role in self._sides()]
+        return torch.stack([t.to(lo.dtype) for t in ts], dim=2)      # (B, 1, sides, *shape)
+
+    def inexact(self, lo, hi):
+        out = torch.zeros_like(lo, dtype=torch.bool)
+        for role in self._sides():
+            out = out | self._inside(role, lo, hi)
+        return out
+
+    def alpha_init(self, in_bounds):
+        lo, hi = in_bounds[0]
+        return self._default_t(lo.unsqueeze(1), hi.unsqueeze(1))[:, 0]   # (B, sides, *shape)

@@ -1,5 +1,5 @@
 """The activation family (runtime/ops/activation.py, compiler/lowering/activation.py):
-Relu, LeakyRelu, PRelu, Abs.
+Relu, LeakyRelu, PRelu, Abs, Clip (HardTanh, Relu6) and Max / Min with constants.
 
 Besides the harness's forward and soundness checks on every case: the relaxation lines hold
 exactly (float64 grid, exact comparison) on random intervals of every kind and for random
@@ -37,6 +37,37 @@ def _prelu(kind):
     return apply
 
 
+def _clip(low, high, as_inputs):
+    """Clip(x, low, high) with attributes (opset < 11) or optional inputs ("" = missing)."""
+    def apply(b, x, shape):
+        if not as_inputs:
+            attrs = {k: v for k, v in (("min", low), ("max", high)) if v is not None}
+            return b.op("Clip", [x], **attrs), shape
+        ins = [x] + ["" if v is None else b.const(np.float32(v)) for v in (low, high)]
+        while ins[-1] == "":
+            ins.pop()
+        return b.op("Clip", ins), shape
+    return apply
+
+
+def _max_min(op, layout):
+    """Max / Min of x and constants: `full` (same shape, what opset 6 requires), `left`
+    (the constant first), `broadcast` (per-feature and scalar constants), `zero` (Max(x, 0) is
+    a ReLU)."""
+    def apply(b, x, shape):
+        r = b.rng
+        if layout == "full":
+            ins = [x, b.const(r.uniform(-0.6, 0.6, shape))]
+        elif layout == "left":
+            ins = [b.const(r.uniform(-0.6, 0.6, shape)), x]
+        elif layout == "broadcast":
+            ins = [b.const(r.uniform(-0.6, 0.6, shape[1:])), x, b.const(np.float32(-0.1))]
+        else:
+            ins = [x, b.const(np.zeros(shape[1:]))]
+        return b.op(op, ins), shape
+    return apply
+
+
 def _net(apply, n=8):
     return lambda rng, o: sandwich(rng, o, (n,), apply)
 
@@ -55,6 +86,21 @@ CASES = [
     OpCase("prelu_shared", "PRelu", _net(_prelu("shared"))),
     OpCase("prelu_conv", "PRelu", _conv(_prelu("channel"))),
     OpCase("abs", "Abs", _net(_unary("Abs")), opsets=(7, 13)),
+    OpCase("clip_attrs", "Clip", _net(_clip(-0.5, 0.7, as_inputs=False)), opsets=(7,)),
+    OpCase("clip_attrs_min_only", "Clip", _net(_clip(-0.3, None, as_inputs=False)), opsets=(7,)),
+    OpCase("clip", "Clip", _net(_clip(-0.5, 0.7, as_inputs=True)), opsets=(11, 12, 13)),
+    OpCase("clip_min_only", "Clip", _net(_clip(0.2, None, as_inputs=True))),
+    OpCase("clip_max_only", "Clip", _net(_clip(None, -0.2, as_inputs=True))),
+    OpCase("clip_inverted", "Clip", _net(_clip(0.4, -0.2, as_inputs=True))),
+    OpCase("relu6", "Clip", _net(_clip(0.0, 6.0, as_inputs=True)), scale=3.0),
+    OpCase("hardtanh_conv", "Clip", _conv(_clip(-1.0, 1.0, as_inputs=True))),
+    OpCase("max_const", "Max", _net(_max_min("Max", "full")), opsets=(7, 8, 12, 13)),
+    OpCase("max_const_left", "Max", _net(_max_min("Max", "left"))),
+    OpCase("max_const_broadcast", "Max", _net(_max_min("Max", "broadcast"))),
+    OpCase("max_zero", "Max", _net(_max_min("Max", "zero"))),
+    OpCase("min_const", "Min", _net(_max_min("Min", "full")), opsets=(7, 8, 12, 13)),
+    OpCase("min_const_left", "Min", _net(_max_min("Min", "left"))),
+    OpCase("min_const_broadcast", "Min", _net(_max_min("Min", "broadcast"))),
 ]
 
 generate(CASES, globals())
@@ -119,6 +165,16 @@ def _kernels():
                                           params={"slope": torch.from_numpy(slope)}),
                 Ref("kink", a=slope.astype(np.float64))))
     out.append(("abs", OP_TYPES["abs"]("n", ["x"], [(N,)]), Ref("kink", a=np.full(N, -1.0))))
+    low = rng.uniform(-1, 0.5, N).astype(F32)
+    high = (low + rng.uniform(0, 1.5, N)).astype(F32)
+    high[0] = low[0]                    # m == M: a constant
+    six = (np.zeros(1, F32), np.full(1, 6, F32))
+    for label, m, M in (("clip", low, high), ("max_const", low, None),
+                        ("min_const", None, high), ("relu6", *six)):
+        params = {k: torch.from_numpy(v) for k, v in (("min", m), ("max", M)) if v is not None}
+        full = [None if v is None else np.broadcast_to(v, (N,)).astype(np.float64) for v in (m, M)]
+        out.append((label, OP_TYPES["clamp"]("n", ["x"], [(N,)], params=params),
+                    Ref("clamp", m=full[0], M=full[1])))
     return out
 
 
