@@ -2,9 +2,9 @@
 runtime/ops/activation.py).
 
 Relu, LeakyRelu (-> leaky_relu; relu when alpha = 0), PRelu with a constant slope (-> prelu),
-Abs, Clip (attributes before opset 11, optional constant inputs from 11; HardTanh and Relu6
-export as Clip) and Max / Min of one computed tensor and constants (-> clamp; Max with 0 ->
-relu).
+Abs, Sign, Clip (attributes before opset 11, optional constant inputs from 11; HardTanh and
+Relu6 export as Clip) and Max / Min of one computed tensor and constants (-> clamp; Max with
+0 -> relu).
 """
 
 from __future__ import annotations
@@ -46,6 +46,11 @@ def lower_prelu(ctx, node):
 @register("Abs", since=6)
 def lower_abs(ctx, node):
     ctx.emit("abs", [ctx.computed(node.inputs[0])], node.outputs[0])
+
+
+@register("Sign", since=9)
+def lower_sign(ctx, node):
+    ctx.emit("sign", [ctx.computed(node.inputs[0])], node.outputs[0])
 
 
 # -- clamps ---------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ interface (runtime/ops/relaxation.py). Lowered in compiler/lowering/activation.p
 - `Clamp`, f(x) = min(max(x, m), M) with constant per-element m and/or M: Clip (HardTanh,
   Relu6), and Max / Min of a tensor and constants (m alone, M alone). A convex kink at m, a
   concave one at M; optimisable, not splittable (its kinks are not at 0).
+- `Sign`: constant lines (a step has no useful slope).
 
 Sound by construction (`PiecewiseLinear`): an op chooses only the *slopes* of its lines; the
 intercepts are computed from them as the exact extreme of f(p) - s p over the points where a
@@ -338,3 +339,32 @@ class Clamp(PiecewiseLinear):
     def alpha_init(self, in_bounds):
         lo, hi = in_bounds[0]
         return self._default_t(lo.unsqueeze(1), hi.unsqueeze(1))[:, 0]   # (B, sides, *shape)
+
+
+# -- sign ---------------------------------------------------------------------------------------
+@register_op
+class Sign(ElementwiseRelaxation):
+    """sign(x) (sign(0) = 0): nondecreasing, so sign(l) <= sign(x) <= sign(u) on [l, u];
+    those constants are its lines (exact unless the interval reaches across or onto 0 from
+    one side). Its zero gradient blinds attacks; counterexamples are confirmed by a forward
+    pass anyway."""
+
+    kind = "sign"
+    tp_roles = ("elementwise",)
+
+    @classmethod
+    def summation_note(cls, facts, sums):
+        return _intercept_note(facts, sums)
+
+    def forward(self, x):
+        return torch.sign(x)
+
+    def ibp(self, b):
+        return torch.sign(b[0]), torch.sign(b[1])
+
+    def relax(self, lo, hi, alpha=None):
+        zero = torch.zeros_like(lo)
+        return Lines(zero, torch.sign(lo), zero, torch.sign(hi))
+
+    def inexact(self, lo, hi):
+        return torch.sign(lo) != torch.sign(hi)

@@ -1,5 +1,5 @@
 """The activation family (runtime/ops/activation.py, compiler/lowering/activation.py):
-Relu, LeakyRelu, PRelu, Abs, Clip (HardTanh, Relu6) and Max / Min with constants.
+Relu, LeakyRelu, PRelu, Abs, Sign, Clip (HardTanh, Relu6) and Max / Min with constants.
 
 Besides the harness's forward and soundness checks on every case: the relaxation lines hold
 exactly (float64 grid, exact comparison) on random intervals of every kind and for random
@@ -86,6 +86,7 @@ CASES = [
     OpCase("prelu_shared", "PRelu", _net(_prelu("shared"))),
     OpCase("prelu_conv", "PRelu", _conv(_prelu("channel"))),
     OpCase("abs", "Abs", _net(_unary("Abs")), opsets=(7, 13)),
+    OpCase("sign", "Sign", _net(_unary("Sign")), opsets=(9, 13)),
     OpCase("clip_attrs", "Clip", _net(_clip(-0.5, 0.7, as_inputs=False)), opsets=(7,)),
     OpCase("clip_attrs_min_only", "Clip", _net(_clip(-0.3, None, as_inputs=False)), opsets=(7,)),
     OpCase("clip", "Clip", _net(_clip(-0.5, 0.7, as_inputs=True)), opsets=(11, 12, 13)),
@@ -175,6 +176,7 @@ def _kernels():
         full = [None if v is None else np.broadcast_to(v, (N,)).astype(np.float64) for v in (m, M)]
         out.append((label, OP_TYPES["clamp"]("n", ["x"], [(N,)], params=params),
                     Ref("clamp", m=full[0], M=full[1])))
+    out.append(("sign", OP_TYPES["sign"]("n", ["x"], [(N,)]), Ref("sign")))
     return out
 
 
