@@ -3,18 +3,21 @@ Relu, LeakyRelu, PRelu, Abs, Sign, Clip (HardTanh, Relu6) and Max / Min with con
 
 Besides the harness's forward and soundness checks on every case: the relaxation lines hold
 exactly (float64 grid, exact comparison) on random intervals of every kind and for random
-feasible alphas."""
+feasible alphas; alpha-CROWN beats CROWN on each optimisable op; bad models give one-line
+errors."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
+import onnx
 import pytest
 import torch
 
+import zoo
 from conv_helpers import conv_net
-from harness import OpCase, generate, make_box, sandwich
+from harness import OpCase, compiled, generate, make_box, sandwich
 
 
 def _unary(op, **attrs):
@@ -265,3 +268,67 @@ def test_relaxation_lines_hold_exactly(k):
             _assert_line(ref, xs, us, ui, upper=True, label=label)
             if alpha is None and ref.kind != "sign":
                 assert (ls[exact] == us[exact]).all() and (li[exact] == ui[exact]).all(), label
+
+
+# -- alpha-CROWN earns its keep on every optimisable op ------------------------------------------
+ALPHA_CASES = {"relu": "relu", "leaky_relu": "leaky_relu", "leaky_relu_concave": "leaky_relu",
+               "prelu": "prelu", "abs": "abs", "clip": "clamp", "relu6": "clamp",
+               "max_const": "clamp", "min_const": "clamp"}
+
+
+def test_alpha_crown_beats_crown_on_every_optimisable_op():
+    """On a wide box, alpha-CROWN's lower bound is strictly above CROWN's on some output, for
+    each op with alphas (convex and concave kinks, lower- and upper-side parameters)."""
+    from shardbound.runtime.ops import OP_TYPES
+
+    family = {k for k, cls in OP_TYPES.items()
+              if cls.has_alpha and cls.__module__.endswith("ops.activation")}
+    assert family <= set(ALPHA_CASES.values()), family
+    by_name = {c.name: c for c in CASES}
+    for name in ALPHA_CASES:
+        case = by_name[name]
+        verifier, _ = compiled(case, case.opsets[-1])
+        lo, hi = make_box("wide", np.random.default_rng(0), verifier.input_shape, case.scale)
+        crown, _ = verifier.bounds(lo, hi, method="crown")
+        alpha, _ = verifier.bounds(lo, hi, method="alpha-crown")
+        assert bool((alpha >= crown).all()) and float((alpha - crown).max()) > 1e-3, name
+
+
+# -- bad models: one line naming the node ----------------------------------------------------------
+def _computed_second_operand(op, **attrs):
+    b = zoo.Builder(np.random.default_rng(0), (4,), opset=13)
+    h = b.gemm("x", 4, 4)
+    other = b.gemm("x", 4, 4)
+    ins = [h, other] if op != "Clip" else [h, other, b.const(np.float32(1))]
+    return b.build(b.op(op, ins, name="culprit", **attrs))
+
+
+@pytest.mark.parametrize("op,message", [
+    ("PRelu", "slope is computed from the network input"),
+    ("Clip", "min is computed from the network input"),
+    ("Max", "Max of 2 computed tensors is not supported yet"),
+    ("Min", "Min of 2 computed tensors is not supported yet"),
+])
+def test_computed_operands_are_one_line_errors(tmp_path, op, message):
+    from shardbound.compiler.driver import compile_model
+    from shardbound.compiler.errors import ShardboundError
+    from shardbound.passes.manager import PassOptions
+
+    path = tmp_path / "m.onnx"
+    onnx.save(_computed_second_operand(op), path)
+    with pytest.raises(ShardboundError) as info:
+        compile_model(str(path), str(tmp_path / "out"), PassOptions())
+    text = str(info.value)
+    assert message in text and "'culprit'" in text and "\n" not in text, text
+
+
+def test_clip_with_nan_bound_is_a_one_line_error(tmp_path):
+    from shardbound.compiler.driver import compile_model
+    from shardbound.compiler.errors import ShardboundError
+    from shardbound.passes.manager import PassOptions
+
+    b = zoo.Builder(np.random.default_rng(0), (4,), opset=13)
+    model = b.build(b.op("Clip", [b.gemm("x", 4, 4), b.const(np.float32(np.nan))], name="culprit"))
+    onnx.save(model, tmp_path / "m.onnx")
+    with pytest.raises(ShardboundError, match="culprit.*min holds nan"):
+        compile_model(str(tmp_path / "m.onnx"), str(tmp_path / "out"), PassOptions())
