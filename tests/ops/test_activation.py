@@ -432,3 +432,59 @@ def test_verify_unsat_and_sat_on_zoo_models(tmp_path, name, stage):
     y = session.run(None, {"x": x})[0].reshape(-1)
     assert float(C[0] @ torch.from_numpy(y)) <= found + 0.05 + 1e-5
     assert bool(((res.x >= lo.numpy()) & (res.x <= hi.numpy())).all())
+
+
+# -- as PyTorch exports them ----------------------------------------------------------------------
+class _TorchActivations(torch.nn.Module):
+    """nn.PReLU on conv channels and on features, relu6, leaky_relu, hardtanh, abs, clamp with
+    a min only, maximum with a constant vector and sign, as `torch.onnx.export` writes them."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.conv, self.prelu_c = nn.Conv2d(2, 3, 3, padding=1), nn.PReLU(3)
+        self.fc1, self.prelu_f = nn.Linear(48, 10), nn.PReLU(10)
+        self.fc2, self.fc3 = nn.Linear(10, 10), nn.Linear(10, 4)
+        with torch.no_grad():
+            self.prelu_c.weight.uniform_(-1, 2)
+            self.prelu_f.weight.uniform_(-1, 2)
+
+    def forward(self, x):
+        F = torch.nn.functional
+        h = F.relu6(self.prelu_c(self.conv(x))).flatten(1)
+        h = self.prelu_f(F.leaky_relu(self.fc1(h), 0.2))
+        h = torch.abs(F.hardtanh(self.fc2(h)))
+        h = torch.maximum(torch.clamp(h, min=0.1), torch.full((10,), 0.3))
+        return self.fc3(torch.sign(h - 0.5) + h)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")      # the TorchScript exporter
+@pytest.mark.parametrize("opset", [9, 13])
+def test_torch_exported_activations(tmp_path, opset):
+    """Compiled from torch's export (Clip with attributes at 9, Constant inputs at 13): the
+    forward pass equals onnxruntime's and the CROWN bounds hold by sampling."""
+    from shardbound.compiler.driver import compile_model
+    from shardbound.passes.manager import PassOptions
+    from shardbound.runtime import load
+    from soundness import assert_sound
+
+    ort = pytest.importorskip("onnxruntime")
+    torch.manual_seed(0)
+    path = str(tmp_path / "m.onnx")
+    torch.onnx.export(_TorchActivations().eval(), torch.zeros(1, 2, 4, 4), path,
+                      opset_version=opset, dynamo=False)
+    ops = {n.op_type for n in onnx.load(path).graph.node}
+    assert {"PRelu", "LeakyRelu", "Clip", "Abs", "Max", "Sign"} <= ops, ops
+    compile_model(path, str(tmp_path / "prog"), PassOptions())
+    verifier = load(str(tmp_path / "prog"))
+    x = np.random.default_rng(0).normal(size=(1, 2, 4, 4)).astype(F32)
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    want = session.run(None, {session.get_inputs()[0].name: x})[0]
+    np.testing.assert_allclose(verifier.forward(torch.from_numpy(x)).numpy(), want,
+                               rtol=1e-5, atol=1e-6)
+    lo, hi = torch.from_numpy(x - F32(0.05)), torch.from_numpy(x + F32(0.05))
+    lb, ub = verifier.bounds(lo.numpy(), hi.numpy(), method="crown")
+    def forward(z):
+        return verifier.network.forward(z.reshape(-1, 2, 4, 4)).reshape(len(z), -1)
+
+    assert_sound(forward, lo, hi, lb.reshape(-1), ub.reshape(-1), n=2000, label=f"torch{opset}")
