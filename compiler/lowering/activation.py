@@ -40,7 +40,10 @@ def lower_prelu(ctx, node):
         raise ctx.error("its slope is computed from the network input; only a constant slope "
                         "(a trained parameter) is supported")
     slope = ctx.sample_constant(ctx.const(node.inputs[1], "slope"), x, "the slope")
-    ctx.emit("prelu", [x], node.outputs[0], params={"slope": slope})
+    curvature = ("convex" if (slope <= 1).all() else "concave" if (slope > 1).all()
+                 else "mixed")
+    ctx.emit("prelu", [x], node.outputs[0], params={"slope": slope},
+             attrs={"curvature": curvature})
 
 
 @register("Abs", since=6)

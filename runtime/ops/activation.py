@@ -17,6 +17,9 @@ in float64 with an error-free difference, and rounded outward to float32. So eve
 whatever alpha-CROWN or rounding makes of it, gives a line that holds at every real point of
 [l, u] (degenerate, very wide or saturated intervals included); the slope choice only decides
 how tight it is. Pieces where f is linear get its own line exactly (intercept error 0).
+LeakyRelu and Abs skip that pass on the side that is a line through the kink at 0 (its
+intercept is exactly 0): that side carries alpha's (B, S, ...) slopes. bench/activations.py
+measures the cost against ReLU.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import math
 
 import torch
 
+from shardbound.runtime.errors import ShardboundError
 from shardbound.runtime.ops.base import register_op
 from shardbound.runtime.ops.relaxation import ElementwiseRelaxation, Lines
 
@@ -94,12 +98,11 @@ def _two_diff(a: torch.Tensor, b: torch.Tensor):
 def _round_out(d: torch.Tensor, e: torch.Tensor, up: bool) -> torch.Tensor:
     """The nearest float32 at or above (up) / at or below d + e, for |e| <= ulp64(d) / 2."""
     r = d.float()
-    rd = r.double()
+    # r - d is exact, and 0 or at least one ulp64(d) in size: the comparison with e decides.
+    gap = r.double() - d
     if up:
-        bump = (rd < d) | ((rd == d) & (e > 0))
-        return torch.where(bump, torch.nextafter(r, torch.full_like(r, math.inf)), r)
-    bump = (rd > d) | ((rd == d) & (e < 0))
-    return torch.where(bump, torch.nextafter(r, torch.full_like(r, -math.inf)), r)
+        return torch.where(gap < e, torch.nextafter(r, torch.full_like(r, math.inf)), r)
+    return torch.where(gap > e, torch.nextafter(r, torch.full_like(r, -math.inf)), r)
 
 
 def _chord(f_lo, f_hi, lo64, hi64, where) -> torch.Tensor:
@@ -191,6 +194,10 @@ class KinkAtZero(PiecewiseLinear):
         """a: a float or a float32 tensor broadcast to the sample shape."""
         raise NotImplementedError
 
+    def curvature(self) -> str:
+        """"convex" (a <= 1 everywhere), "concave" (a > 1 everywhere) or "mixed"."""
+        raise NotImplementedError
+
     def kinks(self):
         return [0.0]
 
@@ -209,10 +216,32 @@ class KinkAtZero(PiecewiseLinear):
             piece = torch.where(lo >= 0, torch.ones_like(lo), a)
         t = (hi > -lo).to(lo.dtype) if alpha is None else alpha.clamp(0, 1)   # grad: alpha
         kink_line = torch.lerp(a.expand_as(piece), torch.ones_like(piece), t)   # exact at t = 0, 1
+        side = self.curvature()
+        if side != "mixed":             # the chord side stays (B, 1, *shape), without grad
+            if not bool(((a <= 1) if side == "convex" else (a > 1)).all()):
+                raise ShardboundError(f"node {self.name!r}: its slopes are not all {side} as "
+                                      "the program says; recompile the model")
+            kink_side = torch.where(unstable, kink_line, piece)
+            chord_side = torch.where(unstable, chord, piece)
+            return (kink_side, chord_side) if side == "convex" else (chord_side, kink_side)
         convex = a <= 1
         lower = torch.where(unstable, torch.where(convex, kink_line, chord), piece)
         upper = torch.where(unstable, torch.where(convex, chord, kink_line), piece)
         return lower, upper
+
+    def relax(self, lo, hi, alpha=None):
+        """Unless the curvature is mixed, the kink-line side (lower when convex) is s x with
+        s in [min(a, 1), max(a, 1)] on unstable neurons (lerp rounds monotonically, so it
+        stays in) and f's own piece through 0 elsewhere: its intercept is exactly 0, so it
+        is None (no bias term, and no exact-intercept pass over alpha's (B, S, ...) slopes);
+        the chord side's is computed as usual."""
+        side = self.curvature()
+        if side == "mixed":
+            return super().relax(lo, hi, alpha)
+        low, up = self.slopes(lo, hi, alpha)
+        if side == "convex":
+            return Lines(low, None, up, self._intercept(up, lo, hi, upper=True))
+        return Lines(low, self._intercept(low, lo, hi, upper=False), up, None)
 
     def inexact(self, lo, hi):
         return _unstable(lo, hi) & (self._a(lo) != 1)
@@ -241,6 +270,9 @@ class LeakyRelu(KinkAtZero):
     def negative_slope(self):
         return self.alpha
 
+    def curvature(self):
+        return "convex" if self.alpha <= 1 else "concave"
+
 
 @register_op
 class PRelu(KinkAtZero):
@@ -250,8 +282,19 @@ class PRelu(KinkAtZero):
     kind = "prelu"
     param_roles = ("slope",)
 
+    def setup(self, curvature="mixed"):
+        """`curvature` (the lowering's, from the slopes): "convex" or "concave" when every
+        slope is <= 1 or > 1, which saves the exact-intercept pass on one side (checked
+        against the slopes at every use)."""
+        if curvature not in ("convex", "concave", "mixed"):
+            raise ValueError(f"unknown curvature {curvature!r}")
+        self._curvature = curvature
+
     def negative_slope(self):
         return self.param("slope")
+
+    def curvature(self):
+        return self._curvature
 
 
 @register_op
@@ -262,6 +305,9 @@ class Abs(KinkAtZero):
 
     def negative_slope(self):
         return -1.0
+
+    def curvature(self):
+        return "convex"
 
     def value(self, x):
         return x.abs()

@@ -28,14 +28,16 @@ def _unary(op, **attrs):
 
 def _prelu(kind):
     """PRelu with a per-channel slope (C,) on (1, C), (C, 1, 1) on (1, C, H, W), or one
-    shared slope; slopes in [-1.5, 2.5]: convex (<= 1), concave (> 1) and negative ones."""
+    shared slope; per-channel slopes in [-1.5, 2.5] (convex (<= 1), concave (> 1) and
+    negative ones: "mixed" curvature) or in [-0.5, 1] ("convex")."""
     def apply(b, x, shape):
+        low, high = (-0.5, 1.0) if kind == "convex" else (-1.5, 2.5)
         if kind == "shared":
             slope = np.array([1.7], dtype=np.float32)
         elif len(shape) == 2:
-            slope = b.rng.uniform(-1.5, 2.5, (shape[1],))
+            slope = b.rng.uniform(low, high, (shape[1],))
         else:
-            slope = b.rng.uniform(-1.5, 2.5, (shape[1], 1, 1))
+            slope = b.rng.uniform(low, high, (shape[1], 1, 1))
         return b.op("PRelu", [x, b.const(slope)]), shape
     return apply
 
@@ -86,6 +88,7 @@ CASES = [
     OpCase("leaky_relu_concave", "LeakyRelu", _net(_unary("LeakyRelu", alpha=2.5))),
     OpCase("leaky_relu_negative", "LeakyRelu", _net(_unary("LeakyRelu", alpha=-0.4))),
     OpCase("prelu", "PRelu", _net(_prelu("channel")), opsets=(7, 9, 16)),
+    OpCase("prelu_convex", "PRelu", _net(_prelu("convex"))),
     OpCase("prelu_shared", "PRelu", _net(_prelu("shared"))),
     OpCase("prelu_conv", "PRelu", _conv(_prelu("channel"))),
     OpCase("abs", "Abs", _net(_unary("Abs")), opsets=(7, 13)),
@@ -163,11 +166,14 @@ def _kernels():
         a = float(F32(a))
         out.append((f"leaky_relu({a})", OP_TYPES["leaky_relu"]("n", ["x"], [(N,)], alpha=a),
                     Ref("kink", a=np.full(N, a))))
-    slope = rng.uniform(-1.5, 2.5, N).astype(F32)
-    slope[0] = 1.0
-    out.append(("prelu", OP_TYPES["prelu"]("n", ["x"], [(N,)],
-                                          params={"slope": torch.from_numpy(slope)}),
-                Ref("kink", a=slope.astype(np.float64))))
+    for curvature, (low, high) in (("mixed", (-1.5, 2.5)), ("convex", (-1.5, 1.0)),
+                                   ("concave", (1.0, 3.0))):
+        slope = rng.uniform(low, high, N).astype(F32)
+        slope[0] = 1.0 if curvature != "concave" else 1.5
+        out.append((f"prelu({curvature})",
+                    OP_TYPES["prelu"]("n", ["x"], [(N,)], curvature=curvature,
+                                      params={"slope": torch.from_numpy(slope)}),
+                    Ref("kink", a=slope.astype(np.float64))))
     out.append(("abs", OP_TYPES["abs"]("n", ["x"], [(N,)]), Ref("kink", a=np.full(N, -1.0))))
     low = rng.uniform(-1, 0.5, N).astype(F32)
     high = (low + rng.uniform(0, 1.5, N)).astype(F32)
@@ -333,6 +339,19 @@ def test_clip_with_nan_bound_is_a_one_line_error(tmp_path):
     with pytest.raises(ShardboundError, match="culprit.*min holds nan"):
         compile_model(str(tmp_path / "m.onnx"), str(tmp_path / "out"), PassOptions())
 
+
+
+def test_prelu_curvature_is_checked_against_the_slopes():
+    """A program whose PRelu claims convex slopes (one side's intercept skipped) but holds a
+    slope above 1 is refused, never bounded unsoundly."""
+    from shardbound.runtime.errors import ShardboundError
+    from shardbound.runtime.ops import OP_TYPES
+
+    op = OP_TYPES["prelu"]("p", ["x"], [(3,)], curvature="convex",
+                           params={"slope": torch.tensor([0.5, 2.0, 0.1])})
+    lo, hi = torch.full((1, 1, 3), -1.0), torch.full((1, 1, 3), 1.0)
+    with pytest.raises(ShardboundError, match="not all convex"):
+        op.relax(lo, hi)
 
 # -- the zoo models in every mode ---------------------------------------------------------------
 ZOO_METHODS = ["ibp", "crown", "alpha-crown"]
