@@ -17,9 +17,9 @@ in float64 with an error-free difference, and rounded outward to float32. So eve
 whatever alpha-CROWN or rounding makes of it, gives a line that holds at every real point of
 [l, u] (degenerate, very wide or saturated intervals included); the slope choice only decides
 how tight it is. Pieces where f is linear get its own line exactly (intercept error 0).
-LeakyRelu and Abs skip that pass on the side that is a line through the kink at 0 (its
-intercept is exactly 0): that side carries alpha's (B, S, ...) slopes. bench/activations.py
-measures the cost against ReLU.
+KinkAtZero ops of one curvature (LeakyRelu, Abs, most PRelus) skip that pass on the side
+that is a line through the kink at 0 (its intercept is exactly 0): the side that carries
+alpha's (B, S, ...) slopes. bench/activations.py measures the cost against ReLU.
 """
 
 from __future__ import annotations
