@@ -240,4 +240,44 @@ MLPS = ("mlp", "mlp_matmul_add", "normalized_mlp", "old_style_opset8")
 
 
 def build(name: str, seed: int = 0):
-    return {**ZOO, **TP_ZOO}[name](np.random.default_rng(seed))
+    return {**ZOO, **TP_ZOO, **OP_ZOO}[name](np.random.default_rng(seed))
+
+
+# -- models of the op-family ops (issue 12); each helper keeps its entries in one block ---------
+OP_ZOO: dict = {}
+
+
+# activation family: LeakyRelu, PRelu, Clip / Relu6, Abs, Max with a constant
+def leaky_residual(rng, n_in=20, width=16, n_out=3, alpha=0.1):
+    """A LeakyRelu residual block: Gemm -> LeakyRelu -> Gemm (+ skip Add) -> LeakyRelu -> Gemm
+    (20 inputs: branch and bound splits neurons rather than inputs)."""
+    b = Builder(rng, (n_in,))
+    h = b.op("LeakyRelu", [b.gemm("x", n_in, width)], alpha=alpha)
+    s = b.op("Add", [h, b.gemm(h, width, width)])
+    h = b.op("LeakyRelu", [s], alpha=alpha)
+    return b.build(b.gemm(h, width, n_out)), b.input_shape
+
+
+def clip_abs_mlp(rng, n_in=6, width=10, n_out=3):
+    """Relu6 (Clip 0..6 with constant inputs), Abs, PRelu (per-neuron slopes of either sign,
+    some above 1) and Max with a per-neuron constant, one per hidden layer."""
+    b = Builder(rng, (n_in,))
+    h = b.op("Clip", [b.gemm("x", n_in, width), b.const(np.float32(0)), b.const(np.float32(6))])
+    h = b.op("Abs", [b.gemm(h, width, width)])
+    h = b.op("PRelu", [b.gemm(h, width, width), b.const(rng.uniform(-0.5, 1.5, (width,)))])
+    h = b.op("Max", [b.gemm(h, width, width), b.const(rng.uniform(-0.3, 0.3, (width,)))])
+    return b.build(b.gemm(h, width, n_out)), b.input_shape
+
+
+def tp_leaky_prelu(rng, n_in=8, hidden=520, n_out=4):
+    """One tp zone whose elementwise chain is LeakyRelu -> PRelu (a slope per hidden neuron,
+    so each rank holds its slice) -> Max with a per-neuron constant; 520 hidden = 3 blocks."""
+    b = Builder(rng, (n_in,))
+    h = b.op("LeakyRelu", [b.gemm("x", n_in, hidden)], alpha=0.2)
+    h = b.op("PRelu", [h, b.const(rng.uniform(-0.5, 1.5, (hidden,)))])
+    h = b.op("Max", [h, b.const(rng.uniform(-0.2, 0.1, (hidden,)))])
+    return b.build(b.gemm(h, hidden, n_out)), b.input_shape
+
+
+OP_ZOO.update({"leaky_residual": leaky_residual, "clip_abs_mlp": clip_abs_mlp,
+               "tp_leaky_prelu": tp_leaky_prelu})

@@ -4,7 +4,8 @@ system reads (runtime/ops/base.py) and, when nonlinear, its relaxation
 
 Families (each with a lowering module of the same name under compiler/lowering/): linear,
 conv, pooling, activation, arithmetic, layout. `OP_TYPES` maps IR op kinds to classes; the
-generated program names classes as `ops.<Class>`.
+generated program names classes as `ops.<Class>`, which resolves any registered kernel
+(the module `__getattr__` below): a new op needs no line here.
 
 May import: torch, `runtime.numerics`, `runtime.errors`. Nothing above them.
 """
@@ -19,3 +20,11 @@ from shardbound.runtime.ops.activation import Relu
 
 __all__ = ["OP_TYPES", "Bounds", "NodeFacts", "Op", "register_op", "ElementwiseRelaxation",
            "Lines", "Input", "Reshape", "Transpose", "Linear", "Conv2d", "Add", "Affine", "Relu"]
+
+
+def __getattr__(name: str):
+    """`ops.<Class>` for every registered kernel (the generated program's spelling)."""
+    for cls in OP_TYPES.values():
+        if cls.__name__ == name:
+            return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
