@@ -13,7 +13,8 @@
 - fsdp P = 2 and tp (a Sigmoid in a Megatron zone, --tp-intermediate crown) P = 2, 3 are
   bitwise single mode under `blocked`.
 
-`python tests/ops/test_smooth.py` prints the CROWN / alpha-CROWN margins of the zoo models.
+`python tests/ops/test_smooth.py [RADIUS ...]` prints the IBP / CROWN / alpha-CROWN margin
+lower bounds of the zoo models on boxes of those radii.
 """
 
 from __future__ import annotations
@@ -180,21 +181,28 @@ def zlib_seed(text: str) -> int:
 @pytest.mark.parametrize("name", sorted(KERNELS))
 def test_crown_default_lines(name):
     """CROWN's choices: convex interval: tangent at the midpoint below, chord above;
-    concave: the mirror; mixed: the upper line touches f at l (tangent through it), the lower
-    at u; and IBP is [f(l), f(u)] rounded outward and kept in f's range."""
+    concave: the mirror; mixed: the upper line is the tangent through (l, f(l)) or, where
+    the midpoint lies beyond its tangent point, the tangent at the midpoint (the lower line
+    likewise through (u, f(u))); and IBP is [f(l), f(u)] rounded outward within f's range."""
     kernel = _kernel(name)
     f = REFERENCE[name]
-    lo = np.array([-3, 1, -2, -1e4, -0.5], np.float32)
-    hi = np.array([-1, 3, 5, 1e4, 0.5], np.float32)
+    lo = np.array([-3, 1, -2, -1e4, -0.5, -0.2, -5], np.float32)
+    hi = np.array([-1, 3, 5, 1e4, 0.5, 6, 0.2], np.float32)
     wl, bl, wu, bu = _lines(kernel, lo, hi)
     l64, h64 = lo.astype(np.float64), hi.astype(np.float64)
+    m = (l64 + h64) / 2
     chord = (f(h64) - f(l64)) / (h64 - l64)
-    df = kernel.df64(torch.from_numpy((l64 + h64) / 2)).numpy()
+    df = kernel.df64(torch.from_numpy(m)).numpy()
     np.testing.assert_allclose([wl[0], wu[0], wl[1], wu[1]], [df[0], chord[0], chord[1], df[1]],
                                rtol=1e-6)
-    for i in (2, 3):       # mixed: the upper line through (l, f(l)), the lower through (u, f(u))
-        assert abs(wu[i] * l64[i] + bu[i] - f(l64[i])) < 1e-6
-        assert abs(wl[i] * h64[i] + bl[i] - f(h64[i])) < 1e-6
+    midpoint_tangent = {"upper": 0, "lower": 0}
+    for i in range(2, len(lo)):     # mixed
+        for w, b, end, side in ((wu[i], bu[i], l64[i], "upper"), (wl[i], bl[i], h64[i], "lower")):
+            through_end = abs(w * end + b - f(end)) < 1e-6
+            at_mid = abs(w - df[i]) < 1e-6 * df[i] and abs(w * m[i] + b - f(m[i])) < 1e-6
+            assert through_end or at_mid, (name, side, lo[i], hi[i])
+            midpoint_tangent[side] += at_mid and not through_end
+    assert midpoint_tangent["upper"] and midpoint_tangent["lower"], midpoint_tangent
     with torch.no_grad():
         ilo, ihi = kernel.ibp((torch.tensor([-1e4, -1.0, 30.0]), torch.tensor([-1e4, 2.0, 1e4])))
     r0, r1 = kernel.value_range
@@ -348,14 +356,15 @@ def test_tp_zone_holds_the_sigmoid(tmp_path):
     assert "tp=zone0 elementwise" in line, text
 
 
-if __name__ == "__main__":          # the margins table of the report
+if __name__ == "__main__":          # the margins table of the report: [radius ...]
     import pathlib
     import tempfile
 
-    with tempfile.TemporaryDirectory() as tmp:
-        table = margins(pathlib.Path(tmp))
-    print(f"{'model':14s} {'method':12s} min margin lower bound   (all rows)")
-    for name, m in table.items():
-        for method, lb in m.items():
-            print(f"{name:14s} {method:12s} {float(lb.min()):+.5f}   "
-                  + " ".join(f"{v:+.4f}" for v in lb.tolist()))
+    print(f"{'model':12s} {'radius':>6s} {'method':12s} margin lower bounds (rows f_c - f_j)")
+    for radius in [float(r) for r in sys.argv[1:]] or [0.1]:
+        with tempfile.TemporaryDirectory() as tmp:
+            table = margins(pathlib.Path(tmp), radius=radius)
+        for name, m in table.items():
+            for method, lb in m.items():
+                print(f"{name:12s} {radius:6.2f} {method:12s} "
+                      + " ".join(f"{v:+.5f}" for v in lb.tolist()))
