@@ -126,12 +126,26 @@ class InterceptRelaxation(ElementwiseRelaxation):
 
     # -- the lines -------------------------------------------------------------------------
     def relax(self, lo, hi, alpha=None):
+        if alpha is not None:
+            return self._relax(lo, hi, alpha)
+        # CROWN's lines are asked for once per backward pass through this node, with the same
+        # bounds: kept for the last bounds seen (held, so their storage cannot be reused;
+        # an in-place change bumps _version).
+        key = tuple((t.data_ptr(), t.shape, t.stride(), t.storage_offset(), t._version, t.dtype,
+                     t.device) for t in (lo, hi))
+        cached = getattr(self, "_default_lines", None)
+        if cached is None or cached[0] != key:
+            cached = self._default_lines = (key, (lo, hi), self._relax(lo, hi, None))
+        return cached[2]
+
+    def _relax(self, lo, hi, alpha):
         l64, u64 = lo.to(F64), hi.to(F64)
         finite = (torch.isfinite(l64) & torch.isfinite(u64)
                   & (l64.abs() <= HUGE) & (u64.abs() <= HUGE))
         sloped = finite & (l64 < u64)
         zero = torch.zeros_like(l64)
-        L, U = torch.where(finite, l64, zero), torch.where(finite, u64, zero)
+        # (lower > upper: an empty branch-and-bound domain; any finite lines do)
+        L, U = torch.where(finite, l64, zero), torch.where(finite, torch.maximum(u64, l64), zero)
         if alpha is None:
             wl, wu = self.default_slopes64(L, torch.where(sloped, U, L + 1))
         else:
@@ -177,16 +191,16 @@ class InterceptRelaxation(ElementwiseRelaxation):
             width = c - a
             # h = side * g is convex here: the tangent at any candidate x bounds h on [a, c]
             # from below; else h is concave and its minimum is at an endpoint.
-            convex = (curvature == "convex") == (side > 0)
+            h_convex = (curvature == "convex") == (side > 0)
             points = [a, c]
-            if convex:
+            if h_convex:
                 points.append(torch.minimum(torch.maximum(self.touch64(w, index), a), c))
             bound = raw = raw_x = None
             for x in points:
                 fx = self.f64(x)
                 h = side * (fx - w * x)
                 err = EPS * (fx.abs() + (w * x).abs()) + TINY
-                if convex:
+                if h_convex:
                     dh = side * (self.df64(x) - w)
                     err = err + EPS * (self.df64(x).abs() + w.abs()) * width
                     b = h + torch.minimum(dh * (a - x), dh * (c - x)) - err
@@ -211,7 +225,7 @@ class InterceptRelaxation(ElementwiseRelaxation):
 
     # -- alpha-CROWN -------------------------------------------------------------------------
     def alpha_init(self, in_bounds):
-        """CROWN's slopes as points of [0, 1]^2 (B, 2, *shape)."""
+        """CROWN's slopes as points of [0, ALPHA_SPAN]^2 (B, 2, *shape)."""
         lo, hi = in_bounds[0]
         l64, u64 = lo.to(F64), hi.to(F64)
         ok = (torch.isfinite(l64) & torch.isfinite(u64) & (l64.abs() <= HUGE)

@@ -226,6 +226,22 @@ def test_position_does_not_change_bits():
         assert torch.equal(kernel.forward(x)[5:45], kernel.forward(x[5:45].clone()))
 
 
+def test_cached_lines_follow_the_bounds():
+    """CROWN's lines are kept for the last bounds seen: an in-place change of those bounds,
+    or other bounds, gives new lines; lower > upper (an empty branch-and-bound domain) gives
+    finite ones."""
+    kernel = _kernel("tanh")
+    lo, hi = torch.tensor([[[-1.0, 0.5]]]), torch.tensor([[[2.0, 0.7]]])
+    first = kernel.relax(lo, hi)
+    assert kernel.relax(lo, hi) is first
+    hi[0, 0, 0] = 3.0
+    again = kernel.relax(lo, hi)
+    assert again is not first and not torch.equal(again.upper_icpt, first.upper_icpt)
+    empty = kernel.relax(torch.tensor([[[1.0]]]), torch.tensor([[[0.5]]]))
+    for t in (empty.lower_slope, empty.lower_icpt, empty.upper_slope, empty.upper_icpt):
+        assert bool(torch.isfinite(t).all())
+
+
 # -- alpha-CROWN -------------------------------------------------------------------------------
 def _compiled(tmp_path, name, **options):
     import zoo
