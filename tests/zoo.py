@@ -238,15 +238,16 @@ ZOO = {
 
 MLPS = ("mlp", "mlp_matmul_add", "normalized_mlp", "old_style_opset8")
 
+# Models of the op families beyond ReLU: each family appends its block of builders at the end
+# of this file and adds them here.
+OP_ZOO: dict = {}
+
 
 def build(name: str, seed: int = 0):
     return {**ZOO, **TP_ZOO, **OP_ZOO}[name](np.random.default_rng(seed))
 
 
-# -- models of the op-family ops (issue 12); each helper keeps its entries in one block ---------
-OP_ZOO: dict = {}
-
-
+# -- models of the op-family ops (issue 12), one block per family --------------------------------
 # activation family: LeakyRelu, PRelu, Clip / Relu6, Abs, Max with a constant
 def leaky_residual(rng, n_in=20, width=16, n_out=3, alpha=0.1):
     """A LeakyRelu residual block: Gemm -> LeakyRelu -> Gemm (+ skip Add) -> LeakyRelu -> Gemm
@@ -281,3 +282,36 @@ def tp_leaky_prelu(rng, n_in=8, hidden=520, n_out=4):
 
 OP_ZOO.update({"leaky_residual": leaky_residual, "clip_abs_mlp": clip_abs_mlp,
                "tp_leaky_prelu": tp_leaky_prelu})
+
+
+# -- smooth family: Sigmoid and Tanh ------------------------------------------------------------
+def sigmoid_mlp(rng):
+    """Three Sigmoid layers: 6 -> 16 -> 16 -> 12 -> 4."""
+    b = Builder(rng, (6,))
+    h = "x"
+    for n_in, n_out in ((6, 16), (16, 16), (16, 12)):
+        h = b.op("Sigmoid", [b.gemm(h, n_in, n_out)])
+    return b.build(b.gemm(h, 12, 4)), b.input_shape
+
+
+def tanh_mlp(rng):
+    """Input normalisation, two Tanh layers and a ReLU: 6 -> 16 -> 16 -> 12 -> 4."""
+    b = Builder(rng, (6,))
+    h = b.op("Sub", ["x", b.const(rng.uniform(-0.2, 0.2, (6,)))])
+    h = b.op("Div", [h, b.const(rng.uniform(0.5, 1.0, (6,)))])
+    h = b.op("Tanh", [b.gemm(h, 6, 16)])
+    h = b.op("Tanh", [b.gemm(h, 16, 16)])
+    h = b.relu(b.gemm(h, 16, 12))
+    return b.build(b.gemm(h, 12, 4)), b.input_shape
+
+
+def tp_sigmoid(rng):
+    """A Sigmoid inside a Megatron zone (Gemm 8 -> 520, Sigmoid, Gemm 520 -> 16: 3 blocks of
+    256), then a replicated Tanh and Gemm 16 -> 4."""
+    b = Builder(rng, (8,))
+    h = b.op("Sigmoid", [b.gemm("x", 8, 520)])
+    h = b.op("Tanh", [b.gemm(h, 520, 16)])
+    return b.build(b.gemm(h, 16, 4)), b.input_shape
+
+
+OP_ZOO.update({"sigmoid_mlp": sigmoid_mlp, "tanh_mlp": tanh_mlp, "tp_sigmoid": tp_sigmoid})

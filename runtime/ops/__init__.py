@@ -17,9 +17,11 @@ from shardbound.runtime.ops.linear import Linear
 from shardbound.runtime.ops.conv import Conv2d
 from shardbound.runtime.ops.arithmetic import Add, Affine
 from shardbound.runtime.ops.activation import Relu
+from shardbound.runtime.ops.smooth import Sigmoid, Tanh
 
 __all__ = ["OP_TYPES", "Bounds", "NodeFacts", "Op", "register_op", "ElementwiseRelaxation",
-           "Lines", "Input", "Reshape", "Transpose", "Linear", "Conv2d", "Add", "Affine", "Relu"]
+           "Lines", "Input", "Reshape", "Transpose", "Linear", "Conv2d", "Add", "Affine", "Relu",
+           "Sigmoid", "Tanh"]
 
 
 def __getattr__(name: str):
