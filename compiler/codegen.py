@@ -79,7 +79,7 @@ def _notes(graph: Graph, name: str) -> tuple[str, ...]:
     notes = []
     how = graph.annotation("bounds", name)
     if how:
-        notes.append(f"bounds: intermediate bounds by {how} (this node feeds a ReLU)")
+        notes.append(f"bounds: intermediate bounds by {how} (this node feeds a relaxed op)")
     for key in sorted(graph.annotations):
         if key == "bounds":
             continue

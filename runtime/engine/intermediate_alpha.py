@@ -41,6 +41,7 @@ def optimise_intermediate_bounds(network, lower, upper, known, iterations=DEFAUL
     if iterations <= 0:
         return out
     position = {n.name: i for i, n in enumerate(network.nodes)}
+    per_neuron_rows: dict[str, int] = {}    # an op's alpha elements per row (ops declare slots)
     for node in network.nodes:
         if (network.intermediate.get(node.name) != "crown" or node is network.input
                 or hasattr(node, "crown_bounds") or node.name not in out):
@@ -52,7 +53,10 @@ def optimise_intermediate_bounds(network, lower, upper, known, iterations=DEFAUL
         index = torch.nonzero(network.inexact_mask(node, out[node.name]).reshape(B, -1)
                               .any(dim=0)).reshape(-1)
         rows = 2 * len(index)
-        per_row = sum(math.prod(r.shape) for r in before)
+        for r in before:
+            if r.name not in per_neuron_rows:
+                per_neuron_rows[r.name] = r.alpha_init([out.get(i) for i in r.inputs])[0].numel()
+        per_row = sum(per_neuron_rows[r.name] for r in before)
         if not before or rows == 0 or B * rows * per_row > max_alpha_elements:
             continue
         out[node.name] = _tighten(network, node, before, index, lower, upper, out, iterations, lr)
