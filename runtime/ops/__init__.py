@@ -19,5 +19,5 @@ from shardbound.runtime.ops.activation import Relu
 from shardbound.runtime.ops.pooling import MaxPool2d
 
 __all__ = ["OP_TYPES", "Bounds", "NodeFacts", "Op", "register_op", "ElementwiseRelaxation",
-           "Lines", "Input", "Pad", "Reshape", "Transpose", "Linear", "Conv2d", "Add", "Affine", "Relu",
-           "MaxPool2d"]
+           "Lines", "Input", "Pad", "Reshape", "Transpose", "Linear", "Conv2d", "Add", "Affine",
+           "Relu", "MaxPool2d"]

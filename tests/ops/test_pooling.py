@@ -172,24 +172,39 @@ def test_maxpool_backward_is_the_same_for_any_row_split():
             assert torch.equal(w[:, a:b], p)
 
 
-def test_maxpool_indices_output_in_use_is_refused(tmp_path):
-    import onnx
+def _pool_model(attrs, shape=(1, 1, 4, 4), use_indices=False):
     from onnx import TensorProto, helper
+
+    outs = ["y", "i"] if use_indices else ["y"]
+    nodes = [helper.make_node("MaxPool", ["x"], outs, name="pool", **attrs)]
+    if use_indices:
+        nodes += [helper.make_node("Cast", ["i"], ["f"], to=TensorProto.FLOAT),
+                  helper.make_node("Add", ["y", "f"], ["z"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, list(shape))], [helper.make_tensor_value_info(
+        nodes[-1].output[0], TensorProto.FLOAT, None)])
+    graph.output[0].type.tensor_type.shape.dim.add()       # rank only: the checker needs one
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
+
+
+@pytest.mark.parametrize("attrs,shape,use_indices,message", [
+    ({"kernel_shape": [2, 2]}, (1, 1, 4, 4), True, "Indices output is used"),
+    ({"kernel_shape": [2, 2], "pads": [3, 0, 0, 0]}, (1, 1, 4, 4), False, "only padding"),
+    ({"kernel_shape": [2, 2], "dilations": [2, 2], "auto_pad": "SAME_UPPER"}, (1, 1, 4, 4),
+     False, "disagree on the padding"),
+    ({"kernel_shape": [5, 5]}, (1, 1, 4, 4), False, "fits"),
+    ({"kernel_shape": [2]}, (1, 1, 4), False, "only 2-D max pooling"),
+])
+def test_maxpool_errors_are_one_line(tmp_path, attrs, shape, use_indices, message):
+    import onnx
 
     from shardbound.compiler.driver import compile_model
     from shardbound.compiler.errors import ShardboundError
     from shardbound.passes.manager import PassOptions
 
-    nodes = [helper.make_node("MaxPool", ["x"], ["y", "i"], kernel_shape=[2, 2], name="pool"),
-             helper.make_node("Cast", ["i"], ["f"], to=TensorProto.FLOAT),
-             helper.make_node("Add", ["y", "f"], ["z"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
-        "x", TensorProto.FLOAT, [1, 1, 4, 4])], [helper.make_tensor_value_info(
-        "z", TensorProto.FLOAT, [1, 1, 3, 3])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
     path = tmp_path / "m.onnx"
-    onnx.save(model, path)
-    with pytest.raises(ShardboundError, match="Indices output is used") as err:
+    onnx.save(_pool_model(attrs, shape, use_indices), path)
+    with pytest.raises(ShardboundError, match=message) as err:
         compile_model(str(path), str(tmp_path / "out"), PassOptions())
     assert "\n" not in str(err.value) and "'pool'" in str(err.value)
 
