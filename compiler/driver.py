@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from shardbound.compiler.codegen import write_program
+from shardbound.compiler.errors import ShardboundError
 from shardbound.compiler.frontend import import_onnx
 from shardbound.compiler.ir import Graph, dump
 from shardbound.passes.manager import PassOptions
@@ -18,7 +19,12 @@ def plan_model(path: str, options: PassOptions, verify_each: bool = False) -> tu
 
 def compile_model(path: str, out_dir: str, options: PassOptions) -> Graph:
     graph, passes = plan_model(path, options)
-    write_program(graph, options, passes, out_dir)
+    try:
+        write_program(graph, options, passes, out_dir)
+    except OSError as e:
+        where = e.filename or out_dir
+        raise ShardboundError(f"{out_dir}: cannot write the compiled program ({where}: "
+                              f"{e.strerror or type(e).__name__}); choose a writable -o DIR") from None
     return graph
 
 
