@@ -12,7 +12,8 @@ import os
 import sys
 
 from shardbound.compiler.errors import ShardboundError
-from shardbound.compiler.verify_cmd import (add_stream_chunk_argument,
+from shardbound.compiler.verify_cmd import (add_max_elements_argument,
+                                            add_stream_chunk_argument,
                                             add_tp_intermediate_argument, add_verify_arguments,
                                             positive_int, run_verify)
 from shardbound.runtime.program.main import (ArgumentParser, add_run_arguments, guarded, leave,
@@ -43,6 +44,7 @@ def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
                         "same bits on any BLAS or device), fast (plain BLAS; run-to-run only)")
     add_stream_chunk_argument(p)
     add_tp_intermediate_argument(p)
+    add_max_elements_argument(p)
 
 
 def _options(args):
@@ -54,7 +56,7 @@ def _options(args):
     return PassOptions(mode=args.mode, method=args.method, intermediate=args.intermediate,
                        summation=args.summation, nproc=nproc,
                        stream_chunk_bytes=args.stream_chunk_kib * 1024,
-                       tp_intermediate=args.tp_intermediate)
+                       tp_intermediate=args.tp_intermediate, max_elements=args.max_elements)
 
 
 def _compile(args) -> int:

@@ -11,7 +11,7 @@ from shardbound.passes.pipeline import pipeline
 
 
 def plan_model(path: str, options: PassOptions, verify_each: bool = False) -> tuple[Graph, list[str]]:
-    graph = import_onnx(path)
+    graph = import_onnx(path, max_elements=options.max_elements)
     manager = pipeline(options.mode, verify_each=verify_each)
     graph = manager.run(graph, options)
     return graph, [p.name for p in manager.passes]
@@ -30,6 +30,6 @@ def compile_model(path: str, out_dir: str, options: PassOptions) -> Graph:
 
 def inspect_model(path: str, options: PassOptions, raw: bool = False) -> str:
     if raw:
-        return dump(import_onnx(path))
+        return dump(import_onnx(path, max_elements=options.max_elements))
     graph, _ = plan_model(path, options)
     return dump(graph)

@@ -55,6 +55,16 @@ def add_tp_intermediate_argument(p: argparse.ArgumentParser, default: str = "ibp
                         f"default {default}")
 
 
+def add_max_elements_argument(p: argparse.ArgumentParser) -> None:
+    """`--max-elements`, shared by `compile`, `inspect` and `verify`."""
+    from shardbound.passes.manager import MAX_ELEMENTS
+
+    p.add_argument("--max-elements", type=positive_int, default=MAX_ELEMENTS, metavar="N",
+                   help="refuse models with a tensor (input, constant or computed) of more "
+                        f"than N elements (default {MAX_ELEMENTS}); raise it for a model "
+                        "that really is that large")
+
+
 def add_verify_arguments(p: argparse.ArgumentParser, modes) -> None:
     p.add_argument("model", metavar="MODEL.onnx")
     p.add_argument("property", metavar="PROP.vnnlib")
@@ -67,6 +77,7 @@ def add_verify_arguments(p: argparse.ArgumentParser, modes) -> None:
                         "that repeat bit for bit across thread counts and --nproc)")
     add_stream_chunk_argument(p)
     add_tp_intermediate_argument(p, default="crown")
+    add_max_elements_argument(p)
     p.add_argument("--timeout", type=positive_seconds, default=300.0, metavar="S",
                    help="answer within S seconds of the command's start, compilation "
                         "included (default 300)")
@@ -101,6 +112,7 @@ def run_verify(args) -> int:
     from shardbound.runtime.program.verify_main import (VerifyDeadline, answer_timeout,
                                                         collective_timeout)
     from shardbound.runtime.verification.spec import spec_from_property
+    from shardbound.runtime.verification.verdict import check_spec_fits
 
     deadline = VerifyDeadline.at_wall(time.time() - process_age() + args.timeout)
     grace = WATCHDOG_GRACE_SINGLE if args.nproc == 1 else WATCHDOG_GRACE_RANKS
@@ -116,12 +128,15 @@ def run_verify(args) -> int:
     try:
         prop = parse_vnnlib(args.property)
         out = args.out or os.path.join(tmp, "program")
-        compile_model(args.model, out, PassOptions(mode=args.mode, summation=args.summation,
+        graph = compile_model(args.model, out, PassOptions(mode=args.mode, summation=args.summation,
                                                    stream_chunk_bytes=args.stream_chunk_kib * 1024,
-                                                   tp_intermediate=args.tp_intermediate))
+                                                   tp_intermediate=args.tp_intermediate,
+                                                   max_elements=args.max_elements))
+        spec = spec_from_property(prop)
+        check_spec_fits(spec, graph.input.shape, graph.node(graph.output).shape)
         spec_path = os.path.join(tmp, "spec.json")
         with open(spec_path, "w", encoding="utf-8") as f:
-            f.write(spec_from_property(prop).to_json())
+            f.write(spec.to_json())
         if deadline.remaining() <= 0:           # compilation used the whole budget
             answer_timeout(args.result)
             return 0

@@ -171,7 +171,7 @@ def _run_rank(directory: str, args) -> int:
 
         with final_output() as ok:
             if ok:
-                write_output(args.json, json.dumps(result, indent=1, allow_nan=False) + "\n")
+                write_output(args.json, json.dumps(result, indent=1) + "\n")
     return 0
 
 

@@ -185,10 +185,11 @@ class _CaseRunner:
         return ("timeout" if budget.expired() else "unknown"), None
 
 
-def check_spec_fits(verifier, spec: Spec) -> None:
-    """A property about another network (input or output count) is a user error, named."""
-    n_in = int(np.prod(verifier.input_shape))
-    n_out = int(np.prod(verifier.output_shape))
+def check_spec_fits(spec: Spec, input_shape, output_shape) -> None:
+    """A property about another network (input or output count) is a user error, named
+    (it failed inside the attack: `mat1 and mat2 shapes cannot be multiplied`)."""
+    n_in = int(np.prod(input_shape))
+    n_out = int(np.prod(output_shape))
     if spec.num_inputs != n_in:
         raise ShardboundError(f"{spec.source}: the property has {spec.num_inputs} inputs (X_0.."
                               f"X_{spec.num_inputs - 1}) but the model takes {n_in}; check that "
@@ -213,7 +214,7 @@ def verify(verifier, spec: Spec, timeout_s: float, comm, quiet: bool = True,
     stages: list[str] = []
     progress = Progress(quiet)
     verdicts = []
-    check_spec_fits(verifier, spec)
+    check_spec_fits(spec, verifier.input_shape, verifier.output_shape)
     net = verifier.network
     net.budget = budget
     try:
