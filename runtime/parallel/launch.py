@@ -107,11 +107,12 @@ def launch(program: str, argv: list[str], nproc: int, timeout_s: float, stderr=N
 
 
 def launch_job(program: str, argv: list[str], nproc: int, timeout_s: float, stderr=None,
-               deadline: float | None = None) -> Outcome:
+               deadline: float | None = None, on_deadline=None) -> Outcome:
     """`launch`, also saying whether the job was stopped at the deadline. Ranks killed there
     are a failure (code 3) only if one of them hung: stopped (SIGSTOP) or behind the others'
     collective count; ranks that were merely not done (a slow start on a busy machine) make
-    an answer of `timeout`, code 0."""
+    an answer of `timeout`, code 0. `on_deadline()` runs right after those kills, before
+    anything else (verify answers `timeout` there, as early as it can)."""
     log_path = None
     if stderr is None:
         fd, log_path = tempfile.mkstemp(prefix="shardbound-ranks-", suffix=".log")
@@ -139,6 +140,8 @@ def launch_job(program: str, argv: list[str], nproc: int, timeout_s: float, stde
                 procs.append(subprocess.Popen([sys.executable, program, *argv], env=env,
                                               stderr=stderr))
         failure, killed, late, hung = _watch(procs, deadline, timeout_s, store)
+        if late and on_deadline is not None:
+            on_deadline()
         code = _report(failure, killed, late, hung, nproc, log_path, stderr)
     finally:
         interrupts.remove_cleanup(cleanup)
@@ -154,11 +157,11 @@ def launch_job(program: str, argv: list[str], nproc: int, timeout_s: float, stde
 
 
 def _stopped(proc) -> bool:
-    """Whether the process is stopped (SIGSTOP, a debugger) or a zombie: Linux /proc."""
+    """Whether the process is stopped (SIGSTOP, a debugger): Linux /proc."""
     try:
         with open(f"/proc/{proc.pid}/stat", encoding="ascii") as f:
             state = f.read().rsplit(")", 1)[1].split()[0]
-        return state in ("T", "t", "Z")
+        return state in ("T", "t")
     except (OSError, IndexError):
         return False
 
@@ -224,6 +227,9 @@ def _watch(procs, deadline, timeout_s, store):
         now = time.monotonic()
         late = deadline is not None and now > deadline + DEADLINE_GRACE
         if late or (kill_at is not None and now > kill_at):
+            codes = [p.poll() for p in procs]       # the ranks may have just finished
+            if all(c is not None for c in codes):
+                continue
             killed = [r for r, c in enumerate(codes) if c is None]
             hung = progress.hung(procs, killed) if failure is None and late else killed
             _kill_all(procs)
@@ -236,6 +242,13 @@ def _ranks(ranks) -> str:
 
 
 def _report(failure, killed, late, hung, nproc, log_path, stderr) -> int:
+    with interrupts.output() as ok:
+        if not ok:
+            interrupts.wait_for_stop()      # the ranks were killed by the interrupt
+        return _describe_job(failure, killed, late, hung, nproc, log_path, stderr)
+
+
+def _describe_job(failure, killed, late, hung, nproc, log_path, stderr) -> int:
     if failure is None and not hung:
         return 0                    # done, or stopped at the deadline while still working
     if failure is not None and failure[1] == USER_ERROR:

@@ -33,6 +33,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 _lock = threading.RLock()
 _ended = False                  # the final output was produced (or the process is stopping)
+_stopping = False               # `stop` has begun: nothing else may print
 _cleanups: list = []
 _installed = False
 
@@ -57,12 +58,34 @@ def remove_cleanup(fn) -> None:
 @contextlib.contextmanager
 def final_output():
     """`with final_output() as ok:` write the job's result only if ok; afterwards no
-    interruption or deadline adds output."""
+    interruption or deadline adds output. (Called from Python, without `install`, every
+    call is ok: one process may then run many commands.)"""
     global _ended
     with _lock:
         ok = not _ended
-        _ended = True
+        _ended = _installed
         yield ok
+
+
+@contextlib.contextmanager
+def output():
+    """`with output() as ok:` print a message only if ok: never while the process stops on
+    a signal (its cleanups kill ranks and delete files, which the main thread may notice
+    and report: that would be a second line after `interrupted`)."""
+    with _lock:
+        yield not _stopping
+
+
+def stopping() -> bool:
+    return _stopping
+
+
+def wait_for_stop() -> None:
+    """Block until the stopping thread ends the process (call only when `stopping()`)."""
+    with _lock:
+        pass
+    while True:
+        time.sleep(1)
 
 
 def run_cleanups() -> None:
@@ -79,9 +102,9 @@ def run_cleanups() -> None:
 def stop(code: int = INTERRUPTED, line: str | None = "interrupted", stream=None) -> None:
     """End the process now: cleanups, one line (on stderr by default), exit `code`. Never
     returns; a second caller waits here until the first one has ended the process."""
-    global _ended
+    global _ended, _stopping
     _lock.acquire()             # held until os._exit: no final output starts after this
-    _ended = True
+    _ended = _stopping = True
     run_cleanups()
     if line:
         out = stream or sys.stderr

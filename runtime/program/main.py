@@ -114,15 +114,17 @@ def _launch(directory: str, args) -> int:
         argv += ["--method", args.method]
     if args.quiet:
         argv.append("--quiet")
-    job = launch_job(os.path.join(directory, "program.py"), argv, args.nproc, args.timeout,
-                     deadline=deadline)
-    if args.verify and (job.at_deadline or (job.code == RANK_FAILED
-                                            and time.monotonic() >= deadline)):
+    def answer_late():
         # Stopped at the budget (ranks still working, a hung rank): the answer is `timeout`.
         from shardbound.runtime.program.verify_main import answer_timeout
 
         if not args.result or _stat(args.result) == before:
             answer_timeout(args.result)
+
+    job = launch_job(os.path.join(directory, "program.py"), argv, args.nproc, args.timeout,
+                     deadline=deadline, on_deadline=answer_late if args.verify else None)
+    if args.verify and job.code == RANK_FAILED and time.monotonic() >= deadline:
+        answer_late()       # a rank failed at the deadline (a collective timed out)
     return job.code
 
 
@@ -209,15 +211,21 @@ def guarded(fn, *a) -> int:
     """Run fn; a ShardboundError becomes one line on stderr and exit code 2 (3 when a peer
     rank failed or hung)."""
     from shardbound.runtime.parallel.dist import RankFailure
+    from shardbound.runtime.program import interrupts
 
     try:
         return fn(*a)
-    except RankFailure as e:
-        print(f"error: {one_line(e)}", file=sys.stderr)
-        return RANK_FAILED
-    except ShardboundError as e:
-        print(f"error: {one_line(e)}", file=sys.stderr)
-        return USER_ERROR
+    except BaseException as e:
+        if interrupts.stopping():       # a signal's cleanups pulled files or ranks away
+            interrupts.wait_for_stop()
+        if isinstance(e, ShardboundError):
+            code = RANK_FAILED if isinstance(e, RankFailure) else USER_ERROR
+            with interrupts.output() as ok:
+                if not ok:
+                    interrupts.wait_for_stop()
+                print(f"error: {one_line(e)}", file=sys.stderr)
+            return code
+        raise
 
 
 def own_process(argv) -> bool:
