@@ -20,6 +20,7 @@ import time
 
 from shardbound.runtime.program.main import positive_seconds
 
+STOP_MARGIN = 0.5               # stages stop this long before --timeout: answer, write, exit
 WATCHDOG_GRACE_SINGLE = 1.0     # seconds past the deadline: in-process verify answers itself
 WATCHDOG_GRACE_RANKS = 1.8      # with ranks, the launcher kills them first (1 s) and answers
 
@@ -114,7 +115,8 @@ def run_verify(args) -> int:
     from shardbound.runtime.verification.spec import spec_from_property
     from shardbound.runtime.verification.verdict import check_spec_fits
 
-    deadline = VerifyDeadline.at_wall(time.time() - process_age() + args.timeout)
+    margin = min(STOP_MARGIN, args.timeout / 10)
+    deadline = VerifyDeadline.at_wall(time.time() - process_age() + args.timeout - margin)
     grace = WATCHDOG_GRACE_SINGLE if args.nproc == 1 else WATCHDOG_GRACE_RANKS
     watchdog = None
     if interrupts.installed():      # this process is the command (not a call from Python)
