@@ -131,15 +131,19 @@ def test_run_nproc_reports_memory_and_matches_single(fsdp_program, tmp_path):
 
 
 @pytest.mark.parametrize("how", ["die", "hang"])
-def test_a_dead_or_hung_rank_stops_the_others_with_a_clear_message(fsdp_program, how):
+def test_a_dead_or_hung_rank_stops_the_others_with_a_clear_message(fsdp_program, how, tmp_path):
     out, box = fsdp_program
+    logs = tmp_path / "logs"
+    logs.mkdir()
     start = time.monotonic()
     res = _run_cli(["run", out, "--box", box, "--nproc", "2", "--timeout", "5"],
-                   env={"SHARDBOUND_FAULT": f"1:3:{how}"}, timeout=90)
+                   env={"SHARDBOUND_FAULT": f"1:3:{how}", "TMPDIR": str(logs)}, timeout=90)
     elapsed = time.monotonic() - start
-    assert res.returncode != 0
+    assert res.returncode == 3, res.stderr             # a rank failed or hung
     assert "Traceback" not in res.stderr
-    assert "rank 1" in res.stderr, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "rank 1" in lines[0], res.stderr
+    assert str(logs) in lines[0]                        # the ranks' log, kept and named
     assert elapsed < 60, elapsed
 
 
