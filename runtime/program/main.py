@@ -88,10 +88,38 @@ def run(directory: str, args: argparse.Namespace) -> int:
 
 
 def _launch(directory: str, args) -> int:
+    """Run the job on --nproc ranks; for verify, answer `timeout` when the job is stopped at
+    its deadline without an answer."""
     from shardbound.runtime.parallel.launch import launch_job
+    from shardbound.runtime.program import interrupts
     from shardbound.runtime.program.loader import read_plan
 
     read_plan(directory)  # fail here, once, if DIR is not a program
+    argv, deadline = _rank_argv(args)
+    before = _stat(args.result) if args.verify and args.result else None
+
+    def answer_late():
+        from shardbound.runtime.program.verify_main import answer_timeout
+
+        if not args.result or _stat(args.result) == before:     # no answer from rank 0
+            answer_timeout(args.result)
+
+    def drop_partial_outputs():
+        _drop_partial([args.result if args.verify else None, args.json])
+
+    interrupts.add_cleanup(drop_partial_outputs)
+    try:
+        job = launch_job(os.path.join(directory, "program.py"), argv, args.nproc, args.timeout,
+                         deadline=deadline, on_deadline=answer_late if args.verify else None)
+    finally:
+        interrupts.remove_cleanup(drop_partial_outputs)
+    if args.verify and job.code == RANK_FAILED and time.monotonic() >= deadline:
+        answer_late()       # a rank failed at the deadline (a collective timed out)
+    return job.code
+
+
+def _rank_argv(args) -> tuple[list[str], float | None]:
+    """The ranks' command line, and the verify deadline (time.monotonic()) or None."""
     deadline = None
     if args.verify:
         from shardbound.runtime.program.verify_main import VerifyDeadline
@@ -103,7 +131,6 @@ def _launch(directory: str, args) -> int:
                 "--verify-deadline", repr(budget.wall)]
         if args.result:
             argv += ["--result", os.path.abspath(args.result)]
-            before = _stat(args.result)
     else:
         argv = ["--box", os.path.abspath(args.box)]
     argv += ["--threads", str(args.threads), "--timeout", str(args.timeout),
@@ -114,18 +141,21 @@ def _launch(directory: str, args) -> int:
         argv += ["--method", args.method]
     if args.quiet:
         argv.append("--quiet")
-    def answer_late():
-        # Stopped at the budget (ranks still working, a hung rank): the answer is `timeout`.
-        from shardbound.runtime.program.verify_main import answer_timeout
+    return argv, deadline
 
-        if not args.result or _stat(args.result) == before:
-            answer_timeout(args.result)
 
-    job = launch_job(os.path.join(directory, "program.py"), argv, args.nproc, args.timeout,
-                     deadline=deadline, on_deadline=answer_late if args.verify else None)
-    if args.verify and job.code == RANK_FAILED and time.monotonic() >= deadline:
-        answer_late()       # a rank failed at the deadline (a collective timed out)
-    return job.code
+def _drop_partial(paths) -> None:
+    """A rank killed between writing a result and renaming it leaves FILE.PID.tmp."""
+    import glob
+
+    for path in paths:
+        if not path:
+            continue
+        for tmp in glob.glob(glob.escape(os.path.abspath(path)) + ".*.tmp"):
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 
 def _stat(path: str):
