@@ -116,7 +116,11 @@ def run_verify(args) -> int:
     from shardbound.runtime.verification.verdict import check_spec_fits
 
     margin = min(STOP_MARGIN, args.timeout / 10)
-    deadline = VerifyDeadline.at_wall(time.time() - process_age() + args.timeout - margin)
+    # The command's budget counts from the process start (interpreter and torch imports
+    # included); a call from Python (a test, a notebook) counts from the call: a process
+    # that has run for an hour must not start with its budget spent.
+    started = time.time() - (process_age() if interrupts.installed() else 0.0)
+    deadline = VerifyDeadline.at_wall(started + args.timeout - margin)
     grace = WATCHDOG_GRACE_SINGLE if args.nproc == 1 else WATCHDOG_GRACE_RANKS
     watchdog = None
     if interrupts.installed():      # this process is the command (not a call from Python)

@@ -411,3 +411,20 @@ def test_console_script_user_errors_are_one_line(base, tmp_path):
                            cwd=tmp_path)
         assert_one_error(r.returncode, r.stdout, r.stderr)
     assert sorted(os.listdir(tmp_path)) == ["deep.json"]
+
+
+def test_a_call_from_python_counts_its_budget_from_the_call(case, monkeypatch):
+    """`verify` called from a long-lived Python process (a notebook, this test session) gets
+    its whole --timeout: the budget counts from the process start only for the command
+    itself (an hour-old pytest process answered `timeout` at once)."""
+    from shardbound.compiler import verify_cmd
+
+    monkeypatch.setattr(verify_cmd, "process_age", lambda: 3600.0)
+    lo, hi = [0.0] * 6, [0.1] * 6
+    _write_property(case.dir / "p.vnnlib", lo, hi, np.array([[1.0, 0, 0, 0, 0]]), [1e6])
+    (case.dir / "out").mkdir()
+    code, stdout, stderr = case.run("shardbound", ["verify", "mlp.onnx", "p.vnnlib", "-q",
+                                                   "--timeout", "600", "--result", "out/r.txt"],
+                                    out="out")
+    assert code == 0, stderr
+    assert (case.dir / "out" / "r.txt").read_text().splitlines()[0] == "sat"
