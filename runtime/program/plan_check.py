@@ -16,10 +16,7 @@ import torch
 
 from shardbound.runtime.errors import ShardboundError
 
-MODES = ("single", "fsdp", "tp")
-SUMMATIONS = ("blocked", "exact", "fast")
-METHODS = ("crown", "ibp")
-INTERMEDIATE = ("crown", "ibp")
+from shardbound.options import INTERMEDIATE, METHODS, MODES, SUMMATIONS  # noqa: E402,F401
 SCAN_BYTES = 16 << 20          # a tp rank checks whole tensors for nan in blocks of this size
 
 
