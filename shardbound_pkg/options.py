@@ -2,7 +2,8 @@
 
 `compile`, `shardbound {compile,run,verify,inspect}` and the generated `program.py` all build
 their parsers from the tables here (`FLAGS`, `COMMANDS`), the README's flag tables are
-generated from those parsers (`readme_tables`; tests/test_options.py fails when they differ)
+generated from those parsers (`readme_tables`; `python -m shardbound.readme` rewrites
+them, tests/test_readme_flags.py fails when they differ)
 and the library defaults (`PassOptions`, the runtime's stream chunk) are these constants.
 
 Why one module: flags used to be defined per command and drifted (`--timeout` was the
@@ -356,7 +357,16 @@ def readme_tables(parsers: dict[str, argparse.ArgumentParser]) -> str:
     seen: dict[str, list[str]] = {}
     for command, parser in parsers.items():
         parts = []
+        one_of = [g._group_actions for g in parser._mutually_exclusive_groups if g.required]
         for action in _visible(parser):
+            group = next((g for g in one_of if action in g), None)
+            if group is not None and action is not group[0]:
+                continue                # written with the first flag of its group
+            if group is not None:
+                text = "(" + " \\| ".join(_action_usage(a).replace("|", "\\|")
+                                           for a in group) + ")"
+                parts.append(text)
+                continue
             text = _action_usage(action).replace("|", "\\|")
             parts.append(text if not action.option_strings else f"[{text}]")
             if action.option_strings:
