@@ -21,6 +21,12 @@ half-spaces we could bound). The file is read by content: the caller
 (:func:`shardbound.compiler.vnnlib.parse_vnnlib_text`) sends it here when the first command
 is ``vnnlib-version``.
 
+Why not the PyPI `vnnlib` package (the standard's own bindings): measured with 1.0.2
+(`bench/vnnlib2_pkg.py`) it is 4-10x faster, but its `compat.transform` turns ACAS Xu
+prop_6 (an `or` of two input boxes next to an `or` of output rows) into an unbounded box
+holding the rows plus the two boxes with no output constraint, which would make every output
+a violation; parse time is not what a verify run waits for (tens of ms for mnistfc).
+
 Not supported yet, each a one-line error naming the line: several networks (equivalence and
 monotonicity properties: ``equal-to`` / ``isomorphic-to``, or two ``declare-network``),
 several input or output tensors, ``declare-hidden`` (constraints on inner nodes).
