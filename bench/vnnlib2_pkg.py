@@ -8,7 +8,7 @@ For the ten ACAS Xu 2.0 twins (tests/data/vnnlib2/acasxu) and the first mnistfc 
 (converted to 2.0 with tests/vnnlib_twins.py, when BENCHMARKS_DIR, default
 ../shared/benchmarks, has them) it prints whether the package's `vnnlib.compat.transform`
 gives the same (box, output rows) pairs as `parse_vnnlib`, and the median parse time of each.
-Measured with vnnlib 1.0.2: the package is 4-10x faster, but on ACAS Xu prop_6 (an `or` of
+Measured with vnnlib 1.0.2: the package is 5-20x faster, but on ACAS Xu prop_6 (an `or` of
 two input boxes asserted next to an `or` of output rows) it returns an unbounded box holding
 the output rows and the two real boxes with no output constraint -- a property every output
 violates -- so shardbound keeps its own reader.

@@ -20,7 +20,24 @@ from shardbound.runtime.errors import ShardboundError
 from shardbound.runtime.program.main import guarded, leave, own_process
 
 
+# What only compile, inspect and verify need (pyproject's `compile` extra); a compiled
+# program runs with torch, numpy and safetensors alone.
+COMPILE_ONLY = ("onnx", "onnx_graphsurgeon", "networkx", "jinja2")
+
+
+def require_compile_dependencies(command: str) -> None:
+    """One line naming what is missing, instead of an ImportError traceback from deep in the
+    importer, when shardbound was installed without its `compile` extra."""
+    import importlib.util
+
+    missing = [m for m in COMPILE_ONLY if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ShardboundError(f"{command}: needs {', '.join(missing)}, which only compiling "
+                              "uses; install them with pip install 'shardbound[compile]'")
+
+
 def _compile(args) -> int:
+    require_compile_dependencies("compile")
     from shardbound.compiler.driver import compile_model
     from shardbound.options import pass_options
 
@@ -36,6 +53,7 @@ def _compile(args) -> int:
 
 
 def _inspect(args) -> int:
+    require_compile_dependencies("inspect")
     from shardbound.compiler.driver import inspect_model
     from shardbound.options import pass_options
 
@@ -50,6 +68,7 @@ def _run(args) -> int:
 
 
 def _verify(args) -> int:
+    require_compile_dependencies("verify")
     from shardbound.compiler.verify_cmd import run_verify
 
     return run_verify(args)

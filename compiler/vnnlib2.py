@@ -22,7 +22,7 @@ half-spaces we could bound). The file is read by content: the caller
 is ``vnnlib-version``.
 
 Why not the PyPI `vnnlib` package (the standard's own bindings): measured with 1.0.2
-(`bench/vnnlib2_pkg.py`) it is 4-10x faster, but its `compat.transform` turns ACAS Xu
+(`bench/vnnlib2_pkg.py`) it is 5-20x faster, but its `compat.transform` turns ACAS Xu
 prop_6 (an `or` of two input boxes next to an `or` of output rows) into an unbounded box
 holding the rows plus the two boxes with no output constraint, which would make every output
 a violation; parse time is not what a verify run waits for (tens of ms for mnistfc).
