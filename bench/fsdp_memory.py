@@ -197,7 +197,7 @@ def prepare(kind: str, widths: str, mdir: str, seed: int, eps: float) -> None:
 def run_once(program_dir, box, out_json, nproc, method, timeout) -> dict:
     cmd = [sys.executable, "-m", "shardbound.compiler.cli", "run", program_dir, "--box", box,
            "--json", out_json, "--nproc", str(nproc), "--threads", "1", "--method", method,
-           "--timeout", str(timeout), "--quiet"]
+           "--collective-timeout", str(timeout), "--quiet"]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60)
     wall = time.perf_counter() - start

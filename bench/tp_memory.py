@@ -79,7 +79,7 @@ def _run(cmd):
 
 def run_once(directory, box, out, nproc):
     cmd = [sys.executable, "-m", "shardbound.compiler.cli", "run", directory, "--box", box,
-           "--json", out, "--threads", "1", "--method", "crown", "-q", "--timeout", "600"]
+           "--json", out, "--threads", "1", "--method", "crown", "-q", "--collective-timeout", "600"]
     if nproc > 1:
         cmd += ["--nproc", str(nproc)]
     _run(cmd)
@@ -93,7 +93,7 @@ def bench_model(label, widths, args, tmp):
 
     path = os.path.join(tmp, f"{label}.onnx")
     onnx.save(build_mlp(widths, args.seed), path)
-    compiles = {"single": ["--mode", "single"], "tp": ["--mode", "tp"],
+    compiles = {"single": ["--mode", "single"], "tp": ["--mode", "tp", "--tp-intermediate", "ibp"],
                 "tp-crown": ["--mode", "tp", "--tp-intermediate", "crown"]}
     for name, flags in compiles.items():
         _run([sys.executable, "-m", "shardbound.compiler.cli", "compile", path, "-q", "-o",

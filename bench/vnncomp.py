@@ -144,7 +144,8 @@ def run_one(row, base, tmp, models, args, env) -> Outcome:
         exe = shutil.which("shardbound")
         cmd = ([exe] if exe else [sys.executable, "-m", "shardbound.compiler.cli"])
         cmd += ["verify", onnx_path, vnnlib_path, "--timeout", f"{timeout:g}",
-                "--result", result, "--quiet", *shlex.split(args.verify_args)]
+                "--result", result, "--quiet", "--summation", "fast",
+                *shlex.split(args.verify_args)]
     else:
         prep = subprocess.run(["bash", PREPARE, "v1", family, onnx_path, vnnlib_path],
                               capture_output=True, text=True, env=env)

@@ -1,4 +1,8 @@
-"""Command line: `compile MODEL.onnx ...` and `shardbound {compile,run,inspect} ...`.
+"""Command line: `compile MODEL.onnx ...` and `shardbound {compile,run,verify,inspect} ...`.
+
+Every flag comes from `shardbound.options` (one name, one meaning, one default for every
+command and the generated program). This module imports nothing heavy at the top: `--help`
+and bad flags are answered before torch, onnx or the passes load.
 
 User errors (bad model, bad box, bad flag) print one line naming the file and node or field,
 and exit with code 2; they never show a traceback. Exit codes: 0 done, 2 user input, 3 a rank
@@ -11,61 +15,36 @@ import argparse
 import os
 import sys
 
-from shardbound.compiler.errors import ShardboundError
-from shardbound.compiler.verify_cmd import (add_max_elements_argument,
-                                            add_stream_chunk_argument,
-                                            add_tp_intermediate_argument, add_verify_arguments,
-                                            positive_int, run_verify)
-from shardbound.runtime.program.main import (ArgumentParser, add_run_arguments, guarded, leave,
-                                             own_process)
-
-MODES = ("single", "fsdp", "tp")
-SUMMATIONS = ("blocked", "exact", "fast")
+from shardbound.options import HELP, ArgumentParser, RunOptions, add_flags, parser_for
+from shardbound.runtime.errors import ShardboundError
+from shardbound.runtime.program.main import guarded, leave, own_process
 
 
-def _add_compile_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", metavar="MODEL.onnx", help="the ONNX network to compile")
-    p.add_argument("-o", "--out", metavar="DIR",
-                   help="output directory (default: MODEL_shardbound next to the model)")
-    _add_plan_arguments(p)
-    p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+# What only compile, inspect and verify need (pyproject's `compile` extra); a compiled
+# program runs with torch, numpy and safetensors alone.
+COMPILE_ONLY = ("onnx", "onnx_graphsurgeon", "networkx", "jinja2")
 
 
-def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--mode", choices=MODES, default="single",
-                   help="sharding mode (default single)")
-    p.add_argument("--method", choices=("ibp", "crown"), default="crown",
-                   help="default bound method of the program (default crown)")
-    p.add_argument("--intermediate", choices=("crown", "ibp"), default="crown",
-                   help="how CROWN bounds the inputs of ReLUs (default crown)")
-    p.add_argument("--summation", choices=SUMMATIONS, default="blocked",
-                   help="summation order of every contraction: blocked (default; the same bits "
-                        "for any thread count and rank count), exact (correctly rounded: the "
-                        "same bits on any BLAS or device), fast (plain BLAS; run-to-run only)")
-    add_stream_chunk_argument(p)
-    add_tp_intermediate_argument(p)
-    add_max_elements_argument(p)
+def require_compile_dependencies(command: str) -> None:
+    """One line naming what is missing, instead of an ImportError traceback from deep in the
+    importer, when shardbound was installed without its `compile` extra."""
+    import importlib.util
 
-
-def _options(args):
-    from shardbound.passes.manager import PassOptions
-
-    nproc = getattr(args, "nproc", 1)
-    if nproc < 1:
-        raise ShardboundError(f"--nproc must be at least 1, got {nproc}")
-    return PassOptions(mode=args.mode, method=args.method, intermediate=args.intermediate,
-                       summation=args.summation, nproc=nproc,
-                       stream_chunk_bytes=args.stream_chunk_kib * 1024,
-                       tp_intermediate=args.tp_intermediate, max_elements=args.max_elements)
+    missing = [m for m in COMPILE_ONLY if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ShardboundError(f"{command}: needs {', '.join(missing)}, which only compiling "
+                              "uses; install them with pip install 'shardbound[compile]'")
 
 
 def _compile(args) -> int:
+    require_compile_dependencies("compile")
     from shardbound.compiler.driver import compile_model
+    from shardbound.options import pass_options
 
     out = args.out or os.path.splitext(args.model)[0] + "_shardbound"
     if os.path.exists(out) and not os.path.isdir(out):
         raise ShardboundError(f"{out}: exists and is not a directory; choose another -o DIR")
-    graph = compile_model(args.model, out, _options(args))
+    graph = compile_model(args.model, out, pass_options(args))
     if not args.quiet:
         params = sum(int(v.size) for v in graph.tensors.values())
         print(f"compiled {graph.source}: {len(graph.nodes)} nodes, {params} parameters, "
@@ -74,44 +53,56 @@ def _compile(args) -> int:
 
 
 def _inspect(args) -> int:
+    require_compile_dependencies("inspect")
     from shardbound.compiler.driver import inspect_model
+    from shardbound.options import pass_options
 
-    sys.stdout.write(inspect_model(args.model, _options(args), raw=args.raw))
+    sys.stdout.write(inspect_model(args.model, pass_options(args), raw=args.raw))
     return 0
 
 
 def _run(args) -> int:
     from shardbound.runtime.program.main import run
 
-    return run(args.dir, args)
+    return run(args.dir, RunOptions.from_namespace(args))
+
+
+def _verify(args) -> int:
+    require_compile_dependencies("verify")
+    from shardbound.compiler.verify_cmd import run_verify
+
+    return run_verify(args)
+
+
+COMMAND_FUNCTIONS = {"compile": _compile, "run": _run, "verify": _verify, "inspect": _inspect}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="shardbound",
-        description="Compile ONNX networks into sharded, deterministic bound-propagation programs.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    p = sub.add_parser("compile", help="compile MODEL.onnx into a program directory")
-    _add_compile_arguments(p)
-    p.set_defaults(fn=_compile)
-    p = sub.add_parser("run", help="bound a compiled program over an input box")
-    p.add_argument("dir", metavar="DIR", help="a directory written by `compile`")
-    add_run_arguments(p)
-    p.add_argument("--nproc", type=positive_int, default=1, metavar="P",
-                   help="launch P ranks on this machine (gloo on CPU); default 1")
-    p.set_defaults(fn=_run)
-    p = sub.add_parser("verify", help="verify a VNN-LIB property: sat, unsat, unknown or timeout")
-    add_verify_arguments(p, MODES)
-    p.set_defaults(fn=run_verify)
-    p = sub.add_parser("inspect", help="print the bound IR of a model, one line per node")
-    p.add_argument("model", metavar="MODEL.onnx")
-    _add_plan_arguments(p)
-    p.add_argument("--raw", action="store_true", help="the IR as imported, before any pass")
-    p.add_argument("--nproc", type=int, default=1, metavar="P",
-                   help="also predict per-rank memory for P ranks (fsdp) or show each "
-                        "zone's channel split over P ranks (tp)")
-    p.set_defaults(fn=_inspect)
+        description="Compile ONNX networks into sharded, deterministic bound-propagation "
+                    "programs, and answer VNN-LIB properties with them.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                parser_class=ArgumentParser)
+    for command in ("compile", "run", "verify", "inspect"):
+        p = sub.add_parser(command, help=HELP[command], description=HELP[command])
+        add_flags(p, command)
+        p.set_defaults(fn=COMMAND_FUNCTIONS[command])
     return parser
+
+
+def compile_parser() -> argparse.ArgumentParser:
+    return parser_for("compile", "compile")
+
+
+def all_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Every command's parser, as the README's tables are generated from them."""
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    from shardbound.options import parser_for as program_parser
+
+    return {"compile": compile_parser(), "inspect": sub.choices["inspect"],
+            "run": sub.choices["run"], "verify": sub.choices["verify"],
+            "program": program_parser("program", "program.py")}
 
 
 def main(argv=None) -> None:
@@ -123,10 +114,7 @@ def main(argv=None) -> None:
 def compile_main(argv=None) -> None:
     """The `compile` console script: `compile MODEL.onnx --mode single -o DIR`."""
     own = own_process(argv)
-    parser = ArgumentParser(prog="compile", description="Compile an ONNX network into a "
-                                     "shardbound program directory.")
-    _add_compile_arguments(parser)
-    args = parser.parse_args(argv)
+    args = compile_parser().parse_args(argv)
     leave(guarded(_compile, args), own)
 
 

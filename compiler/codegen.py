@@ -20,6 +20,8 @@ from safetensors.torch import save_file
 import shardbound
 from shardbound.compiler.ir import Graph
 from shardbound.compiler.naming import comment_text, is_identifier
+from shardbound.passes.annotations import as_json as annotation_json
+from shardbound.passes.annotations import notes as annotation_notes
 from shardbound.runtime.ops import OP_TYPES
 
 PLAN_FORMAT = "shardbound-plan/1"
@@ -75,18 +77,22 @@ class NodeView:
     notes: tuple[str, ...]
 
 
+COMMENT_WIDTH = 96      # program.py comment lines are wrapped here, never cut
+
+
 def _notes(graph: Graph, name: str) -> tuple[str, ...]:
-    notes = []
-    how = graph.annotation("bounds", name)
-    if how:
-        notes.append(f"bounds: intermediate bounds by {how} (this node feeds a relaxed op)")
-    for key in sorted(graph.annotations):
-        if key == "bounds":
-            continue
-        value = graph.annotations[key].get(name)
-        if value is not None:
-            notes.append(f"{key}: {comment_text(str(value), 100)[1:-1]}")
-    return tuple(notes)
+    """The node's annotations as comment lines (the printer `inspect` uses), in full:
+    long ones wrap onto indented continuation lines."""
+    import textwrap
+
+    lines = []
+    for key, text in annotation_notes(graph, name):
+        safe = comment_text(text, limit=1 << 30)[1:-1]
+        head = f"{key}: "
+        lines += textwrap.wrap(safe, COMMENT_WIDTH, initial_indent=head,
+                               subsequent_indent=" " * len(head), break_long_words=False,
+                               break_on_hyphens=False) or [head]
+    return tuple(lines)
 
 
 def _op_class(graph: Graph, n) -> tuple[str, str, tuple]:
@@ -129,7 +135,8 @@ def render_program(graph: Graph, options) -> str:
         input_shape=graph.input.shape, output_shape=graph.node(graph.output).shape,
         param_count=sum(int(v.size) for v in tensors.values()),
         param_bytes=sum(int(v.size) * 4 for v in tensors.values()),
-        intermediate_plan=dict(graph.annotations.get("bounds", {})))
+        nproc=options.nproc,
+        intermediate_plan={k: v.method for k, v in graph.annotations.get("bounds", {}).items()})
 
 
 def plan_dict(graph: Graph, options, passes: list[str]) -> dict:
@@ -139,7 +146,7 @@ def plan_dict(graph: Graph, options, passes: list[str]) -> dict:
         "source": graph.source,
         "mode": options.mode, "method": options.method,
         "intermediate": options.intermediate, "summation": options.summation,
-        "stream_chunk_bytes": options.stream_chunk_bytes,
+        "stream_chunk_bytes": options.stream_chunk_bytes, "nproc": options.nproc,
         "passes": list(passes),
         "input": {"onnx_name": graph.input_name, "node": graph.input.name,
                   "shape": list(graph.input.shape)},
@@ -147,8 +154,8 @@ def plan_dict(graph: Graph, options, passes: list[str]) -> dict:
         "nodes": [{"name": n.name, "op": n.op, "origin": n.origin, "inputs": list(n.inputs),
                    "shape": list(n.shape), "params": dict(n.params),
                    "param_shapes": {key: list(np.shape(graph.tensors[key])) for _, key in n.params},
-                   "annotations": {k: v[n.name] for k, v in sorted(graph.annotations.items())
-                                   if n.name in v}}
+                   "annotations": {k: annotation_json(v[n.name])
+                                   for k, v in sorted(graph.annotations.items()) if n.name in v}}
                   for n in graph.nodes],
     }
     if options.mode == "tp":

@@ -84,7 +84,10 @@ def format_shape(shape) -> str:
 
 
 def dump(graph: Graph) -> str:
-    """The canonical text form: one line per node, jaxpr-like, stable across runs."""
+    """The canonical text form: one line per node, jaxpr-like, stable across runs. The
+    annotations come from the printer program.py's comments use too (passes/annotations)."""
+    from shardbound.passes.annotations import notes as annotation_notes
+
     lines = [f"graph {graph.source}: input {graph.input.name}{format_shape(graph.input.shape)}"
              f" -> output {graph.output}"]
     for n in graph.nodes:
@@ -92,8 +95,7 @@ def dump(graph: Graph) -> str:
         params = " ".join(f"{role}={key}{format_shape(graph.tensors[key].shape)}"
                           for role, key in n.params)
         attrs = " ".join(f"{k}={_attr_text(v)}" for k, v in n.attrs)
-        notes = " ".join(f"{k}={_attr_text(v[n.name])}" for k, v in sorted(graph.annotations.items())
-                         if n.name in v)
+        notes = " ".join(f"{k}={text}" for k, text in annotation_notes(graph, n.name))
         parts = [f"{n.name}{format_shape(n.shape)} = {n.op}({args})", params, attrs]
         if notes:
             parts.append("| " + notes)

@@ -12,116 +12,32 @@ exit, Ctrl-C and SIGTERM included.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import tempfile
 import time
 
-from shardbound.runtime.program.main import positive_seconds
+from shardbound.options import RunOptions
 
 STOP_MARGIN = 0.5               # stages stop this long before --timeout: answer, write, exit
 WATCHDOG_GRACE_SINGLE = 1.0     # seconds past the deadline: in-process verify answers itself
 WATCHDOG_GRACE_RANKS = 1.8      # with ranks, the launcher kills them first (1 s) and answers
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def add_stream_chunk_argument(p: argparse.ArgumentParser) -> None:
-    """`--stream-chunk-kib`, shared by `compile`, `inspect` and `verify`."""
-    from shardbound.runtime.parallel.params import STREAM_CHUNK_BYTES
-
-    default = STREAM_CHUNK_BYTES // 1024
-    p.add_argument("--stream-chunk-kib", type=positive_int, default=default, metavar="KIB",
-                   help="fsdp with blocked/exact: gather large weight matrices in blocks of at "
-                        f"most this many KiB instead of whole (default {default})")
-
-
-def add_tp_intermediate_argument(p: argparse.ArgumentParser, default: str = "ibp") -> None:
-    """`--tp-intermediate`, shared by `compile`, `inspect` and `verify`. `verify` defaults to
-    crown: branch and bound on IBP zone bounds timed out where single mode proves in seconds
-    (ACAS Xu 1_1 prop_1: 1.8 s single, timeout at 120 s in tp with ibp, 15 s with crown)."""
-    p.add_argument("--tp-intermediate", choices=("ibp", "crown"), default=default,
-                   help="tp mode: intermediate bounds of zone nodes by ibp (local, no "
-                        "communication, looser) or crown (collectives; single mode's bounds); "
-                        f"default {default}")
-
-
-def add_max_elements_argument(p: argparse.ArgumentParser) -> None:
-    """`--max-elements`, shared by `compile`, `inspect` and `verify`."""
-    from shardbound.passes.manager import MAX_ELEMENTS
-
-    p.add_argument("--max-elements", type=positive_int, default=MAX_ELEMENTS, metavar="N",
-                   help="refuse models with a tensor (input, constant or computed) of more "
-                        f"than N elements (default {MAX_ELEMENTS}); raise it for a model "
-                        "that really is that large")
-
-
-def add_verify_arguments(p: argparse.ArgumentParser, modes) -> None:
-    p.add_argument("model", metavar="MODEL.onnx")
-    p.add_argument("property", metavar="PROP.vnnlib")
-    p.add_argument("--mode", choices=modes, default="single", help="sharding mode (default single)")
-    p.add_argument("--nproc", type=positive_int, default=1, metavar="P",
-                   help="ranks to launch (default 1)")
-    p.add_argument("--summation", choices=("blocked", "exact", "fast"), default="fast",
-                   help="summation order (default fast: branch and bound is dominated by small "
-                        "matrix products, where blocked costs 2-7x; pass blocked for verdicts "
-                        "that repeat bit for bit across thread counts and --nproc)")
-    add_stream_chunk_argument(p)
-    add_tp_intermediate_argument(p, default="crown")
-    add_max_elements_argument(p)
-    p.add_argument("--timeout", type=positive_seconds, default=300.0, metavar="S",
-                   help="answer within S seconds of the command's start, compilation "
-                        "included (default 300)")
-    p.add_argument("--result", metavar="FILE", help="write the VNN-COMP result file")
-    p.add_argument("--threads", type=positive_int, default=1, metavar="T",
-                   help="torch threads per rank")
-    p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
-                   help="where to bound (default cpu; cuda uses nccl between ranks)")
-    p.add_argument("-o", "--out", metavar="DIR", help="keep the compiled program in DIR")
-    p.add_argument("-q", "--quiet", action="store_true",
-                   help="print only the verdict (no progress line)")
-
-
-def process_age() -> float:
-    """Seconds since this process started (Linux /proc; 0 where unknown)."""
-    try:
-        with open("/proc/self/stat", encoding="ascii") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        with open("/proc/uptime", encoding="ascii") as f:
-            uptime = float(f.read().split()[0])
-        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
 def run_verify(args) -> int:
-    from shardbound.compiler.driver import compile_model
-    from shardbound.compiler.vnnlib import parse_vnnlib
-    from shardbound.passes.manager import PassOptions
     from shardbound.runtime.program import interrupts
-    from shardbound.runtime.program.main import run
     from shardbound.runtime.program.verify_main import (VerifyDeadline, answer_timeout,
-                                                        collective_timeout)
-    from shardbound.runtime.verification.spec import spec_from_property
-    from shardbound.runtime.verification.verdict import check_spec_fits
+                                                        process_age)
+    from shardbound.runtime.verification.stages import StageLog
 
+    # The command's budget counts from the process start (interpreter and imports included);
+    # a call from Python (a test session, a notebook) counts from the call: a process that
+    # has run for an hour must not start with its budget spent.
+    started_at = time.time() - (0.0 if not interrupts.installed() else process_age())
+    nproc = args.nproc or 1
     margin = min(STOP_MARGIN, args.timeout / 10)
-    # The command's budget counts from the process start (interpreter and torch imports
-    # included); a call from Python (a test, a notebook) counts from the call: a process
-    # that has run for an hour must not start with its budget spent.
-    started = time.time() - (process_age() if interrupts.installed() else 0.0)
-    deadline = VerifyDeadline.at_wall(started + args.timeout - margin)
-    grace = WATCHDOG_GRACE_SINGLE if args.nproc == 1 else WATCHDOG_GRACE_RANKS
+    deadline = VerifyDeadline.at_wall(started_at + args.timeout - margin)
+    grace = WATCHDOG_GRACE_SINGLE if nproc == 1 else WATCHDOG_GRACE_RANKS
     watchdog = None
     if interrupts.installed():      # this process is the command (not a call from Python)
         watchdog = interrupts.Deadline(deadline.monotonic, lambda: _late_answer(args), grace)
@@ -131,33 +47,62 @@ def run_verify(args) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
     interrupts.add_cleanup(remove_tmp)
+    stages = StageLog(started_at, quiet=args.quiet)
     try:
-        prop = parse_vnnlib(args.property)
-        out = args.out or os.path.join(tmp, "program")
-        graph = compile_model(args.model, out, PassOptions(mode=args.mode, summation=args.summation,
-                                                   stream_chunk_bytes=args.stream_chunk_kib * 1024,
-                                                   tp_intermediate=args.tp_intermediate,
-                                                   max_elements=args.max_elements))
-        spec = spec_from_property(prop)
-        check_spec_fits(spec, graph.input.shape, graph.node(graph.output).shape)
-        spec_path = os.path.join(tmp, "spec.json")
-        with open(spec_path, "w", encoding="utf-8") as f:
-            f.write(spec.to_json())
+        stages.start("compile")
+        spec_path, out = _compile_for_verify(args, tmp)
         if deadline.remaining() <= 0:           # compilation used the whole budget
-            answer_timeout(args.result)
+            answer_timeout(args.result, args.json, os.path.basename(args.property), started_at)
             return 0
-        ns = argparse.Namespace(verify=spec_path, box=None, result=args.result,
-                                verify_timeout=deadline.remaining(), verify_deadline=deadline.wall,
-                                nproc=args.nproc, threads=args.threads,
-                                timeout=collective_timeout(float("inf"), deadline), json=None,
-                                method=None, quiet=args.quiet, device=args.device,
-                                no_watchdog=True)
-        return run(out, ns)
+        if nproc > 1:
+            stages.start("launch")
+        stages.end()
+        _write_prelude(spec_path, stages.records)
+        from shardbound.runtime.program.main import run
+
+        return run(out, RunOptions(verify=spec_path, result=args.result, json=args.json,
+                                   verify_timeout=deadline.remaining(),
+                                   verify_deadline=deadline.wall, started_at=started_at,
+                                   nproc=nproc, threads=args.threads, device=args.device,
+                                   collective_timeout=max(1.0, deadline.remaining() + 1.0),
+                                   quiet=args.quiet, no_watchdog=True))
     finally:
         if watchdog is not None:
             watchdog.cancel()
         interrupts.remove_cleanup(remove_tmp)
         remove_tmp()
+
+
+def _compile_for_verify(args, tmp: str) -> tuple[str, str]:
+    """Parse the property, compile the model (into -o DIR or the temporary directory) and
+    write the spec the program reads; (spec path, program directory)."""
+    from shardbound.compiler.driver import compile_model
+    from shardbound.compiler.vnnlib import parse_vnnlib
+    from shardbound.options import pass_options
+    from shardbound.runtime.verification.spec import spec_from_property
+    from shardbound.runtime.verification.verdict import check_spec_fits
+
+    prop = parse_vnnlib(args.property)
+    out = args.out or os.path.join(tmp, "program")
+    graph = compile_model(args.model, out, pass_options(args))
+    spec = spec_from_property(prop)
+    check_spec_fits(spec, graph.input.shape, graph.node(graph.output).shape)
+    spec_path = os.path.join(tmp, "spec.json")
+    with open(spec_path, "w", encoding="utf-8") as f:
+        f.write(spec.to_json())
+    return spec_path, out
+
+
+def _write_prelude(spec_path: str, records) -> None:
+    """The stages run here (compile, launch) go to the ranks inside the spec file, so rank 0's
+    --json report and stage records hold them too."""
+    import json
+
+    with open(spec_path, encoding="utf-8") as f:
+        data = json.load(f)
+    data["prelude"] = [r.as_json() for r in records]
+    with open(spec_path, "w", encoding="utf-8") as f:
+        json.dump(data, f)
 
 
 def _late_answer(args) -> None:
@@ -167,3 +112,7 @@ def _late_answer(args) -> None:
     print("timeout", flush=True)
     if args.result:
         write_output(args.result, "timeout\n")
+    if args.json:
+        from shardbound.runtime.program.verify_main import report_json
+
+        write_output(args.json, report_json("timeout", os.path.basename(args.property), 0.0))

@@ -1,4 +1,4 @@
-"""VNN-LIB 1.0 property parser.
+"""VNN-LIB property parser (1.0 here; 2.0 in vnnlib2.py, chosen by content).
 
 A VNN-LIB file describes the *violation* region of a property: the inputs X and outputs Y
 that together form a counterexample. We read it into a normal form that a bound-propagation
@@ -11,7 +11,10 @@ a top-level ``or``), which is what interval / linear bound propagation starts fr
 constraints are linear, and writing every one of them as ``c . y <= d`` means a verifier
 needs exactly one check (an upper bound of ``c . y - d`` that is negative refutes the row).
 
-We wrote our own reader because the PyPI ``vnnlib`` package reads only VNN-LIB 2.0.
+We wrote our own reader because the PyPI ``vnnlib`` package reads only VNN-LIB 2.0. A file
+whose first command is ``(vnnlib-version <2.x>)`` is VNN-LIB 2.0 and is read by
+:mod:`shardbound.compiler.vnnlib2` (a subclass of this parser: the same formulas, DNF and
+normal form, so a 2.0 file and its 1.0 twin give the same boxes and rows).
 
 Normalisation conventions:
   * ``(<= a b)`` and ``(< a b)`` become ``a - b <= 0``; ``(>= a b)`` / ``(> a b)`` become
@@ -107,7 +110,7 @@ class Property:
 
 
 def parse_vnnlib(path) -> Property:
-    """Parse a VNN-LIB 1.0 file; errors are ShardboundError naming ``path`` and a line."""
+    """Parse a VNN-LIB 1.0 or 2.0 file; errors are ShardboundError naming ``path`` and a line."""
     name = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -117,12 +120,23 @@ def parse_vnnlib(path) -> Property:
 
 
 def parse_vnnlib_text(text: str, name: str = "<string>") -> Property:
-    """Parse VNN-LIB 1.0 source held in memory; ``name`` is used in error messages."""
-    return _Parser(name).parse(text)
+    """Parse VNN-LIB source held in memory (1.0, or 2.0 when the first command is
+    ``(vnnlib-version ...)``); ``name`` is used in error messages."""
+    commands = read_sexprs(text, name)
+    if commands and isinstance(commands[0], SList) and commands[0].items \
+            and isinstance(commands[0].items[0], Atom) \
+            and commands[0].items[0].text == "vnnlib-version":
+        from .vnnlib2 import Parser2
+
+        return Parser2(name).parse_commands(commands)
+    return _Parser(name).parse_commands(commands)
 
 
 class _Parser:
     """One-shot parser state: declarations and the file name used in every error."""
+
+    COMPARISONS = _COMPARISONS
+    EQUAL = "="            # VNN-LIB 2.0 spells it "=="
 
     def __init__(self, name: str):
         self.name = name
@@ -134,7 +148,9 @@ class _Parser:
 
     # ---- top level -------------------------------------------------------------------
     def parse(self, text: str) -> Property:
-        commands = read_sexprs(text, self.name)
+        return self.parse_commands(read_sexprs(text, self.name))
+
+    def parse_commands(self, commands: list) -> Property:
         asserts = []
         # Declarations are collected first so that the order of declare/assert does not
         # matter; undeclared names are still caught when the asserts are read.
@@ -223,7 +239,7 @@ class _Parser:
                 raise self.error(node.line, "empty (or) is always false; give it at least "
                                  "one alternative")
             return [term for arg in args for term in self._formula(arg)]
-        if op in _COMPARISONS:
+        if op in self.COMPARISONS:
             if len(args) < 2:
                 raise self.error(node.line, f"'{op}' needs two operands, got {len(args)} "
                                  f"in {render(node)}")
@@ -231,7 +247,7 @@ class _Parser:
             atoms: list = []
             for left, right in zip(terms, terms[1:]):
                 pairs = [(left, right)] if op in ("<=", "<") else [(right, left)]
-                if op == "=":
+                if op == self.EQUAL:
                     pairs.append((left, right))
                 for small, big in pairs:
                     atom = self._constraint(small, big, node)
@@ -366,10 +382,17 @@ class _Parser:
         for side, values, op in (("lower", lower, ">="), ("upper", upper, "<=")):
             for index, value in enumerate(values):
                 if value in (float("inf"), -float("inf")):
-                    var = f"X_{index}"
-                    line = self.decls[var][2]
+                    var, line = self._input_label(index), self._input_line(index)
                     raise self.error(line, f"input {var} has no {side} bound{where}; add "
                                      f"(assert ({op} {var} <value>))")
+
+
+    def _input_label(self, index: int) -> str:
+        """How the file names input `index` (flattened position), for messages."""
+        return f"X_{index}"
+
+    def _input_line(self, index: int) -> int:
+        return self.decls[f"X_{index}"][2]
 
 
 def _product(dnfs: list, parser: _Parser) -> list:

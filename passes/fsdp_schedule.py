@@ -9,14 +9,31 @@ and the phases in which that happens, so `inspect` and the program's comments sh
 
 from __future__ import annotations
 
+import numpy as np
+
 from shardbound.compiler.ir import Graph
+from shardbound.passes.traits import op_class
+from shardbound.passes.annotations import FsdpUse, PhaseRun
 
 
-LISTED_PHASES = 12      # phases named per node; a longer list ends with "(N more)"
+def _runs(mask: int, names: list[str]) -> tuple[PhaseRun, ...]:
+    """The set bits of `mask` as runs of consecutive phases. Only run starts and ends are
+    visited (bit tricks), so a chain's node -- every later phase, one run -- costs O(1)
+    big-int operations, not one per phase."""
+    starts = mask & ~(mask << 1)
+    ends = mask & ~(mask >> 1)
+    runs = []
+    while starts:
+        s_low, e_low = starts & -starts, ends & -ends
+        a, b = s_low.bit_length() - 1, e_low.bit_length() - 1
+        runs.append(PhaseRun(names[a], names[b], b - a + 1))
+        starts ^= s_low
+        ends ^= e_low
+    return tuple(runs)
 
 
-def _phases_of(graph: Graph) -> dict[str, tuple[int, list[str]]]:
-    """Per node: (how many phases visit it, the first LISTED_PHASES of them in run order).
+def _phases_of(graph: Graph) -> dict[str, tuple[int, tuple[PhaseRun, ...]]]:
+    """Per node: (how many phases visit it, all of them as runs of consecutive phases).
 
     The phases are the IBP pass (every node) and the CROWN backward passes, one per node with
     planned CROWN bounds in topological order, then the final one from the output; a backward
@@ -25,7 +42,7 @@ def _phases_of(graph: Graph) -> dict[str, tuple[int, list[str]]]:
     and full phase lists were quadratic in depth)."""
     index = {n.name: i for i, n in enumerate(graph.nodes)}
     plan = graph.annotations.get("bounds", {})
-    targets = sorted((k for k, v in plan.items() if v == "crown"), key=index.get)
+    targets = sorted((k for k, v in plan.items() if v.method == "crown"), key=index.get)
     names = ["ibp"] + [f"crown<-{t}" for t in targets] + [f"crown<-{graph.output}"]
     own = {t: 1 << (k + 1) for k, t in enumerate(targets)}
     own[graph.output] = own.get(graph.output, 0) | (1 << (len(targets) + 1))
@@ -45,12 +62,8 @@ def _phases_of(graph: Graph) -> dict[str, tuple[int, list[str]]]:
                 del mask[c]
         mask[n.name] = m
         if n.params:
-            listed, rest = [], m
-            while rest and len(listed) < LISTED_PHASES:
-                low = rest & -rest
-                listed.append(names[low.bit_length() - 1])
-                rest ^= low
-            out[n.name] = (m.bit_count(), listed)
+            out[n.name] = (m.bit_count(), ((PhaseRun("ibp", "ibp", 1),) if m & 1 else ())
+                           + _runs(m >> 1, names[1:]))
     return out
 
 
@@ -60,9 +73,12 @@ def fsdp_schedule(graph: Graph, options) -> Graph:
     for n in graph.nodes:
         if not n.params:
             continue
-        count, listed = phases[n.name]
-        roles = ",".join(role for role, _ in n.params)
-        more = f" ({count - len(listed)} more)" if count > len(listed) else ""
-        notes[n.name] = (f"gather {roles} before, free after; in {count} phases: "
-                         + " ".join(listed) + more)
+        count, runs = phases[n.name]
+        streamed = ()
+        if op_class(n).streams_weight and options.summation != "fast":
+            streamed = tuple(role for role, key in n.params
+                             if np.ndim(graph.tensors[key]) == 2
+                             and np.size(graph.tensors[key]) * 4 > options.stream_chunk_bytes)
+        notes[n.name] = FsdpUse(tuple(role for role, _ in n.params), count, runs, streamed,
+                                options.stream_chunk_bytes // 1024)
     return graph.annotate("fsdp", notes)

@@ -12,26 +12,30 @@ from typing import Callable
 from shardbound.compiler.errors import ShardboundError
 from shardbound.compiler.ir import Graph
 from shardbound.compiler.naming import is_identifier
+from shardbound import options as _flags
 from shardbound.runtime.ops import OP_TYPES
-from shardbound.runtime.parallel.params import STREAM_CHUNK_BYTES
 
 PassFn = Callable[[Graph, "PassOptions"], Graph]
 
 # The largest tensor a model may declare or compute, in elements (256 MiB of float32): far
 # above real verification networks (a 3x32x32 CNN's largest layer has 65,536), far below
 # what a 150-byte file could ask for (a declared 1x20000x20000 input took 3.2 GB to refuse).
-MAX_ELEMENTS = 1 << 26
+MAX_ELEMENTS = _flags.MAX_ELEMENTS
+STREAM_CHUNK_BYTES = _flags.STREAM_CHUNK_KIB * 1024
 
 
 @dataclass(frozen=True)
 class PassOptions:
-    mode: str = "single"
+    """What the passes and codegen are asked for; the defaults are the command-line flags'
+    (shardbound.options), so Python callers and `compile` get the same program."""
+
+    mode: str = _flags.FLAGS["mode"].default
     method: str = "crown"              # the program's default final bound method
-    intermediate: str = "crown"        # how nodes feeding a ReLU are bounded under CROWN
-    summation: str = "blocked"
-    nproc: int = 1                     # the world size `inspect` predicts memory for
+    intermediate: str = _flags.FLAGS["intermediate"].default   # nodes feeding a relaxed op
+    summation: str = _flags.FLAGS["summation"].default
+    nproc: int = 1                     # the rank count the program is planned for
     stream_chunk_bytes: int = STREAM_CHUNK_BYTES   # fsdp: most of one weight gathered at once
-    tp_intermediate: str = "ibp"       # tp: how zone nodes feeding a ReLU are bounded
+    tp_intermediate: str = _flags.FLAGS["tp_intermediate"].default   # tp zone nodes
     max_elements: int = MAX_ELEMENTS   # import: the largest tensor (elements) a model may have
 
 

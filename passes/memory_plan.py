@@ -9,6 +9,7 @@ prints it and plan.json carries it.
 from __future__ import annotations
 
 from shardbound.compiler.ir import Graph
+from shardbound.passes.annotations import MemoryPrediction, RankMemory
 from shardbound.runtime.accounting.memory_model import NodeShape, predict_peak
 
 
@@ -16,19 +17,15 @@ def _shapes(graph: Graph) -> list[NodeShape]:
     plan = graph.annotations.get("bounds", {})
     return [NodeShape(n.name, n.op, n.inputs, n.shape,
                       tuple(int(graph.tensors[k].size) for _, k in n.params),
-                      plan.get(n.name) == "crown",
+                      getattr(plan.get(n.name), "method", None) == "crown",
                       next((tuple(graph.tensors[k].shape) for role, k in n.params
                             if role == "weight"), ())) for n in graph.nodes]
 
 
-def _mib(b: int) -> str:
-    return f"{b / 2 ** 20:.2f}MiB"
-
-
 def memory_plan(graph: Graph, options) -> Graph:
     if options.mode == "tp":
-        return graph.annotate("memory", {graph.input.name: "tp: not modelled (bench/tp_memory.py "
-                                                           "measures per-rank memory)"})
+        return graph.annotate("memory", {graph.input.name: MemoryPrediction(
+            not_modelled="tp: not modelled (bench/tp_memory.py measures per-rank memory)")})
     shapes = _shapes(graph)
     fsdp = options.mode == "fsdp"
     shard_rows = (options.summation != "fast") if fsdp else None
@@ -37,7 +34,6 @@ def memory_plan(graph: Graph, options) -> Graph:
     for P in worlds:
         pred = predict_peak(shapes, graph.output, P, shard_rows=shard_rows,
                             stream_chunk_bytes=options.stream_chunk_bytes)
-        parts.append(f"P={P}: resident {_mib(pred['resident_param_bytes'])} "
-                     f"peak {_mib(pred['peak_tracked_bytes'])}")
-    note = "predicted per-rank crown peak (1 box): " + ", ".join(parts)
-    return graph.annotate("memory", {graph.input.name: note})
+        parts.append(RankMemory(P, int(pred["resident_param_bytes"]),
+                                int(pred["peak_tracked_bytes"])))
+    return graph.annotate("memory", {graph.input.name: MemoryPrediction(tuple(parts))})

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from shardbound.compiler.ir import Graph
+from shardbound.passes.annotations import SummationNote
 from shardbound.passes.traits import all_facts, op_class
 
 BLOCK = 256
@@ -20,12 +21,15 @@ ORDERS = ("fast", "blocked", "exact")
 
 class SumText:
     """How a contraction of a given length is summed under one order, as text (the callable
-    each kernel's `summation_note` receives)."""
+    each kernel's `summation_note` receives). It records the lengths asked for, which the
+    typed note keeps next to the kernel's text."""
 
     def __init__(self, order: str):
         self.order = order
+        self.lengths: list[int] = []
 
     def __call__(self, length: int) -> str:
+        self.lengths.append(int(length))
         if self.order == "blocked":
             blocks = max(1, math.ceil(length / BLOCK))
             return f"{length} ({blocks} block{'s' if blocks != 1 else ''}, pair tree)"
@@ -38,10 +42,12 @@ def summation_order(graph: Graph, options) -> Graph:
     if options.summation not in ORDERS:
         raise ValueError(f"unknown summation order {options.summation!r}")
     notes = {}
-    sums = SumText(options.summation)
     facts = all_facts(graph)
     for n in graph.nodes:
+        sums = SumText(options.summation)
         text = op_class(n).summation_note(facts[n.name], sums)
         if text:
-            notes[n.name] = text
+            blocks = (tuple(max(1, math.ceil(k / BLOCK)) for k in sums.lengths)
+                      if options.summation == "blocked" else ())
+            notes[n.name] = SummationNote(options.summation, text, tuple(sums.lengths), blocks)
     return graph.annotate("summation", notes)

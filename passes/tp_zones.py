@@ -15,34 +15,22 @@ collectives of the backward pass, bitwise single mode's bounds under `blocked`).
 target in a zone with no zone upstream of it, each rank bounds only its own neurons ("local
 rows": no communication); otherwise every rank carries all rows through the reductions.
 
-Annotations: `tp` per node, a `Placement` (a str, shown by `inspect` and in program comments,
-written to plan.json) that also carries what codegen needs (role, zone, channel count, rows).
+Annotations: `tp` per node, a `Placement` (passes/annotations.py: role, zone, channel count,
+rows, the reduction that finishes its Partial sums and, for the P the program is planned for,
+each rank's channel range), which codegen reads and `inspect` and the program print.
 """
 
 from __future__ import annotations
 
 from shardbound.compiler.errors import ShardboundError
+import dataclasses
+
 from shardbound.compiler.ir import Graph, Node
+from shardbound.passes.annotations import Placement
 from shardbound.passes.traits import all_facts, op_class
 from shardbound.runtime.parallel.tp_reduce import REDUCTIONS, channel_ranges
 
 TP_INTERMEDIATE = ("ibp", "crown")
-
-
-class Placement(str):
-    """Human-readable placement text with the zone facts attached (role: replicate, column,
-    elementwise or row)."""
-
-    role: str = "replicate"
-    zone: int = -1
-    channels: int = 0
-    local_rows: bool = False
-
-    @classmethod
-    def make(cls, text, role="replicate", zone=-1, channels=0, local_rows=False):
-        p = cls(text)
-        p.role, p.zone, p.channels, p.local_rows = role, zone, channels, local_rows
-        return p
 
 
 def _channels(facts, n: Node, role: str) -> int | None:
@@ -109,36 +97,35 @@ def tp_zones(graph: Graph, options) -> Graph:
     reduce = f"{options.summation} reduction" + (" (block-aligned tree)"
                                                  if options.summation == "blocked" else "")
     notes: dict[str, Placement] = {}
+    facts = all_facts(graph)
     for z, (col, chain, row) in enumerate(zones):
         C = col.shape[0]
         local = not after_zone[col.name]
-        split = ""
+        split = ()
         if options.nproc > 1:
-            parts = " ".join(f"[{a},{b})" for a, b in channel_ranges(options.summation, C,
-                                                                      options.nproc))
-            split = f"; channels on P={options.nproc}: {parts}"
+            split = tuple(channel_ranges(options.summation, C, options.nproc))
         for n in (col, *chain):
             if n.name in plan:
-                plan[n.name] = tp_intermediate
-        rows = " local" if local else " all"
+                plan[n.name] = dataclasses.replace(plan[n.name], method=tp_intermediate)
+        rows = "local" if local else "all"
 
-        def crown_note(n):
-            return f"; crown rows{rows}" if plan.get(n.name) == "crown" else ""
+        def crown_rows(n):
+            p = plan.get(n.name)
+            return rows if p is not None and p.method == "crown" else ""
 
-        notes[col.name] = Placement.make(
-            f"zone{z} column: out Shard(0) of {C}, weight Shard(0), bias Shard(0){crown_note(col)}"
-            f"{split}", "column", z, C, local)
+        zone = dict(zone=z, channels=C, local_rows=local, reduction=reduce,
+                    nproc=options.nproc)
+        notes[col.name] = Placement("column", crown_rows=crown_rows(col), split=split, **zone)
         for n in chain:
-            notes[n.name] = Placement.make(f"zone{z} elementwise: out Shard(0){crown_note(n)}",
-                                           "elementwise", z, C, local)
-        notes[row.name] = Placement.make(
-            f"zone{z} row: in Shard(0), out Partial -> {reduce} -> Replicate; weight Shard(1), "
-            "bias Replicate", "row", z, C, local)
-    summary = (f"Replicate; {len(zones)} zone(s), intermediate bounds in zones by "
-               f"{tp_intermediate}" if zones else
-               "Replicate; no tp zones found: every node Replicate (every rank runs the whole "
-               "network, like single mode)")
+            bias = bool(op_class(n).summation_note(facts[n.name], lambda k: str(k)))
+            notes[n.name] = Placement("elementwise", crown_rows=crown_rows(n),
+                                      bias_partial=bias, **zone)
+        notes[row.name] = Placement("row", split=split, **zone)
+    summary = (f"{len(zones)} zone(s), intermediate bounds in zones by {tp_intermediate}"
+               if zones else "no tp zones found: every node Replicate (every rank runs the "
+               "whole network, like single mode)")
     for n in graph.nodes:
         if n.name not in notes:
-            notes[n.name] = Placement.make(summary if n is graph.input else "Replicate")
+            notes[n.name] = Placement(summary=summary if n is graph.input else "",
+                                      nproc=options.nproc)
     return graph.annotate("bounds", plan).annotate("tp", notes)

@@ -140,7 +140,7 @@ def test_a_dead_or_hung_rank_stops_the_others_with_a_clear_message(fsdp_program,
     logs = tmp_path / "logs"
     logs.mkdir()
     start = time.monotonic()
-    res = _run_cli(["run", out, "--box", box, "--nproc", "2", "--timeout", "5"],
+    res = _run_cli(["run", out, "--box", box, "--nproc", "2", "--collective-timeout", "5"],
                    env={"SHARDBOUND_FAULT": f"1:3:{how}", "TMPDIR": str(logs)}, timeout=90)
     elapsed = time.monotonic() - start
     assert res.returncode == 3, res.stderr             # a rank failed or hung

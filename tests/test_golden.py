@@ -35,6 +35,9 @@ GOLDEN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden")
 ACCEPT = os.environ.get("SHARDBOUND_ACCEPT_GOLDEN", "") not in ("", "0")
 INSPECT_MODELS = ("mlp", "cnn_batchnorm", "residual")
 PROGRAM_MODELS = ("mlp",)
+# program.py in each mode: (golden name, model, PassOptions); fsdp and tp planned for P ranks
+PROGRAM_MODES = {"fsdp_mlp": ("mlp", {"mode": "fsdp", "nproc": 2}),
+                 "tp_tp_mlp2": ("tp_mlp2", {"mode": "tp", "nproc": 3})}
 INSPECT_TP_MODELS = ("tp_mlp2", "tp_cnn")      # tp placements and the channel split at P=3
 
 
@@ -100,11 +103,25 @@ def test_program_golden(tmp_path, name):
     check_golden(f"program_{name}.txt", (out / "program.py").read_text(encoding="utf-8"))
 
 
+@pytest.mark.parametrize("name", sorted(PROGRAM_MODES))
+def test_program_golden_modes(tmp_path, name):
+    """fsdp and tp programs: the gathers/frees and placements, reductions and the channel
+    split for the compiled P at the nodes that do them, every note in full."""
+    from shardbound.compiler.driver import compile_model
+    from shardbound.passes.manager import PassOptions
+
+    model, options = PROGRAM_MODES[name]
+    out = tmp_path / "prog"
+    compile_model(_save(model, tmp_path), str(out), PassOptions(**options))
+    check_golden(f"program_{name}.txt", (out / "program.py").read_text(encoding="utf-8"))
+
+
 def test_golden_files_have_tests():
     """No stale golden files: every file in tests/golden/ belongs to a test above."""
     expected = ({f"inspect_{n}.txt" for n in INSPECT_MODELS}
                 | {f"inspect_tp_{n}.txt" for n in INSPECT_TP_MODELS}
-                | {f"program_{n}.txt" for n in PROGRAM_MODELS})
+                | {f"program_{n}.txt" for n in PROGRAM_MODELS}
+                | {f"program_{n}.txt" for n in PROGRAM_MODES})
     present = set(os.listdir(GOLDEN_DIR)) if os.path.isdir(GOLDEN_DIR) else set()
     assert present <= expected, f"stale golden files: {sorted(present - expected)}"
 

@@ -417,9 +417,9 @@ def test_a_call_from_python_counts_its_budget_from_the_call(case, monkeypatch):
     """`verify` called from a long-lived Python process (a notebook, this test session) gets
     its whole --timeout: the budget counts from the process start only for the command
     itself (an hour-old pytest process answered `timeout` at once)."""
-    from shardbound.compiler import verify_cmd
+    from shardbound.runtime.program import verify_main
 
-    monkeypatch.setattr(verify_cmd, "process_age", lambda: 3600.0)
+    monkeypatch.setattr(verify_main, "process_age", lambda: 3600.0)
     lo, hi = [0.0] * 6, [0.1] * 6
     _write_property(case.dir / "p.vnnlib", lo, hi, np.array([[1.0, 0, 0, 0, 0]]), [1e6])
     (case.dir / "out").mkdir()

@@ -37,18 +37,19 @@ def _models(tmp):
 
 @pytest.fixture(scope="module")
 def tp(tmp_path_factory):
-    """Every model compiled as single, tp (default: ibp in zones), tp --tp-intermediate crown
+    """Every model compiled as single, tp --tp-intermediate ibp, tp --tp-intermediate crown
     (and tp with --summation fast for a few), then run on P = 1..4 ranks."""
     tmp = tmp_path_factory.mktemp("tp")
     cases = {}
     for name, path, lo, hi in _models(tmp):
         progs = {"single": compile_to(path, str(tmp / f"{name}_single"), mode="single"),
-                 "ibp": compile_to(path, str(tmp / f"{name}_tp"), mode="tp"),
+                 "ibp": compile_to(path, str(tmp / f"{name}_tp"), mode="tp",
+                                   tp_intermediate="ibp"),
                  "crown": compile_to(path, str(tmp / f"{name}_tpc"), mode="tp",
                                      tp_intermediate="crown")}
         if name in FAST_MODELS or name in ("acasxu", "mnist"):
             progs["fast"] = compile_to(path, str(tmp / f"{name}_tpf"), mode="tp",
-                                       summation="fast")
+                                       summation="fast", tp_intermediate="ibp")
         cases[name] = (path, lo, hi, {k: box_entry(d, lo, hi) for k, d in progs.items()})
     single = run_job(tmp, [c[3]["single"] for c in cases.values()], JOB_METHODS, 1,
                      tag="single", bounds=True)
@@ -172,7 +173,7 @@ def _inspect(tmp_path, name_or_model, **options):
 
 
 def test_inspect_shows_placements_and_split(tmp_path):
-    text = _inspect(tmp_path, "tp_mlp2", nproc=3)
+    text = _inspect(tmp_path, "tp_mlp2", nproc=3, tp_intermediate="ibp")
     lines = {line.split("(")[0].strip(): line for line in text.splitlines()[1:]}
     assert "tp=zone0 column: out Shard(0) of 520" in lines["gemm3"]
     assert "channels on P=3: [0,256) [256,512) [512,520)" in lines["gemm3"]
@@ -302,9 +303,10 @@ def test_tp_alpha_crown(tmp_path):
         progs = {"single": compile_to(str(path), str(tmp_path / f"{name}_s"), mode="single"),
                  "crown": compile_to(str(path), str(tmp_path / f"{name}_c"), mode="tp",
                                      tp_intermediate="crown"),
-                 "ibp": compile_to(str(path), str(tmp_path / f"{name}_t"), mode="tp"),
+                 "ibp": compile_to(str(path), str(tmp_path / f"{name}_t"), mode="tp",
+                                   tp_intermediate="ibp"),
                  "fast": compile_to(str(path), str(tmp_path / f"{name}_f"), mode="tp",
-                                    summation="fast")}
+                                    summation="fast", tp_intermediate="ibp")}
         cases.append((name, lo, hi, {k: box_entry(d, lo, hi) for k, d in progs.items()}))
     methods = ["crown", "alpha-crown"]
     single = run_job(tmp_path, [c[3]["single"] for c in cases], methods, 1, tag="as")

@@ -22,7 +22,9 @@ from safetensors import safe_open
 
 from shardbound.runtime.errors import ShardboundError
 
-STREAM_CHUNK_BYTES = 4 * 2 ** 20    # default: the most of one weight matrix a rank streams at once
+from shardbound.options import STREAM_CHUNK_KIB  # noqa: E402  (the one default, `--stream-chunk-kib`)
+
+STREAM_CHUNK_BYTES = STREAM_CHUNK_KIB * 1024   # the most of one weight matrix a rank streams at once
 
 
 def shard_range(numel: int, rank: int, world: int) -> tuple[int, int, int]:

@@ -30,11 +30,11 @@ PLAN_FORMAT = "shardbound-plan/1"
 class Verifier:
     """A compiled network: `.bounds(lower, upper, C=None, method=...)` -> (lb, ub)."""
 
-    def __init__(self, network, plan: dict, directory: str):
+    def __init__(self, network, plan: dict, directory: str, method: str = "crown"):
         self.network = network
         self.plan = plan
         self.directory = directory
-        self.method = plan.get("method", "crown")
+        self.method = method            # program.py's METHOD (plan.json agrees)
 
     @property
     def input_shape(self):
@@ -131,7 +131,8 @@ def import_program(directory: str):
     except SyntaxError as e:
         raise ShardboundError(f"{path}: not a valid generated program (syntax error at line "
                               f"{e.lineno}); recompile the model") from None
-    if not callable(getattr(module, "build", None)) or not hasattr(module, "SUMMATION"):
+    if not callable(getattr(module, "build", None)) or not all(
+            hasattr(module, c) for c in ("MODE", "METHOD", "SUMMATION")):
         raise ShardboundError(f"{path}: not a shardbound program (no build function); "
                               "recompile the model")
     return module
@@ -146,23 +147,24 @@ def load(directory: str, summation: str | None = None, comm=None) -> Verifier:
     comm = comm or SingleComm()
     ledger = MemoryLedger()
     weights = os.path.join(directory, "weights.safetensors")
+    mode = module.MODE                  # checked against plan.json above
     # single/fsdp ranks check the values they load (open_params); tp ranks read slices.
-    check_weights(plan, weights, scan_values=plan["mode"] == "tp")
+    check_weights(plan, weights, scan_values=mode == "tp")
     try:
-        if plan["mode"] == "tp":        # each rank reads only its slices of zone weights
+        if mode == "tp":                # each rank reads only its slices of zone weights
             from shardbound.runtime.parallel.tp import build_network
 
             network = build_network(module, weights, comm, ledger, summation or module.SUMMATION)
         else:
-            params = open_params(weights, plan["mode"], comm, ledger, stream_chunk_bytes(plan))
+            params = open_params(weights, mode, comm, ledger, stream_chunk_bytes(plan))
             network = module.build(params, order=summation or module.SUMMATION)
     except KeyError as e:
         raise ShardboundError(f"{os.path.join(directory, 'weights.safetensors')}: tensor "
                               f"{e.args[0]!r} that program.py needs is missing; recompile "
                               "the model") from None
-    check_nodes(plan, network, directory)
+    check_nodes(plan, network, directory, module)
     network.ledger = ledger
     network.comm = comm
     network.device = comm.device
-    network.rows = RowSplit(comm, enabled=plan["mode"] == "fsdp" and network.order != "fast")
-    return Verifier(network, plan, directory)
+    network.rows = RowSplit(comm, enabled=mode == "fsdp" and network.order != "fast")
+    return Verifier(network, plan, directory, module.METHOD)

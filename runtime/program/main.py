@@ -7,79 +7,29 @@ hung (one line naming it and the ranks' log), 130 interrupted (one line `interru
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 
+from shardbound.options import ArgumentParser, RunOptions, parser_for, positive_seconds  # noqa: F401
 from shardbound.runtime.errors import ShardboundError
 
 USER_ERROR = 2
 RANK_FAILED = 3
 
 
-def positive_seconds(text: str) -> float:
-    """argparse type: a finite number of seconds > 0 (`nan`, `inf`, 0 and negatives are
-    refused: each made a budget that never or always expires)."""
-    import math
-
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a bad flag is a user error like any other: one `error:` line, exit 2
-    (instead of the usage block followed by a second line)."""
-
-    def error(self, message: str):
-        message = " ".join(str(message).split())
-        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
-
-
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--box", metavar="BOX.json",
-                      help='input box: {"lower": [...], "upper": [...]} (flattened input)')
-    what.add_argument("--verify", metavar="SPEC.json",
-                      help="verify a property (written by `shardbound verify`) instead")
-    parser.add_argument("--result", metavar="FILE",
-                        help="with --verify: write the VNN-COMP result file")
-    parser.add_argument("--verify-timeout", type=positive_seconds, default=300.0, metavar="S",
-                        help="with --verify: give up after S seconds (default 300)")
-    parser.add_argument("--verify-deadline", type=float, default=None, metavar="T",
-                        help="with --verify: also give up at wall-clock time T (seconds since "
-                             "the epoch; `shardbound verify` sets it so every rank keeps the "
-                             "command's budget)")
-    parser.add_argument("--json", metavar="OUT.json", help="also write lower, upper, bounds_sha256")
-    parser.add_argument("--method", choices=("ibp", "crown", "alpha-crown"),
-                        help="bound method (default: the one compiled in)")
-    parser.add_argument("--threads", type=int, default=1, metavar="T",
-                        help="torch intra-op threads (default 1; set explicitly so runs repeat)")
-    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
-                        help="where to bound: cpu (default; gloo between ranks), cuda (nccl), "
-                             "or auto (cuda when available)")
-    parser.add_argument("--timeout", type=positive_seconds, default=60.0, metavar="S",
-                        help="collective timeout in seconds for sharded runs (default 60; "
-                             "with --verify at most the time left of the budget, plus 1 s)")
-    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
-
-
-def run(directory: str, args: argparse.Namespace) -> int:
+def run(directory: str, args: RunOptions) -> int:
     """Bound the program in `directory` over the box: in this process, as one rank of a
-    torchrun job (WORLD_SIZE set), or by launching --nproc ranks."""
-    nproc = getattr(args, "nproc", 1)
+    torchrun job (WORLD_SIZE set), or by launching --nproc ranks (default: the rank count
+    the program was compiled for, `compile --nproc`)."""
+    nproc = job_ranks(directory, args)
     if nproc < 1:
         raise ShardboundError(f"--nproc must be at least 1, got {nproc}")
     if args.threads < 1:
         raise ShardboundError(f"--threads must be at least 1, got {args.threads}")
     if nproc > 1:
-        return _launch(directory, args)
+        return _launch(directory, args, nproc)
     if args.verify:
         from shardbound.runtime.program.verify_main import run_verify_rank
 
@@ -87,7 +37,19 @@ def run(directory: str, args: argparse.Namespace) -> int:
     return _run_rank(directory, args)
 
 
-def _launch(directory: str, args) -> int:
+def job_ranks(directory: str, args: RunOptions) -> int:
+    """How many ranks to launch: --nproc, else the program's own rank count; 1 inside a
+    job (this process is one of its ranks)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 or os.environ.get("SHARDBOUND_LAUNCHER"):
+        return 1
+    if args.nproc is not None:
+        return args.nproc
+    from shardbound.runtime.program.loader import read_plan
+
+    return int(read_plan(directory).get("nproc", 1))
+
+
+def _launch(directory: str, args: RunOptions, nproc: int) -> int:
     """Run the job on --nproc ranks; for verify, answer `timeout` when the job is stopped at
     its deadline without an answer."""
     from shardbound.runtime.parallel.launch import launch_job
@@ -102,14 +64,15 @@ def _launch(directory: str, args) -> int:
         from shardbound.runtime.program.verify_main import answer_timeout
 
         if not args.result or _stat(args.result) == before:     # no answer from rank 0
-            answer_timeout(args.result)
+            answer_timeout(args.result, args.json, started_at=args.started_at)
 
     def drop_partial_outputs():
         _drop_partial([args.result if args.verify else None, args.json])
 
     interrupts.add_cleanup(drop_partial_outputs)
     try:
-        job = launch_job(os.path.join(directory, "program.py"), argv, args.nproc, args.timeout,
+        job = launch_job(os.path.join(directory, "program.py"), argv, nproc,
+                         args.collective_timeout,
                          deadline=deadline, on_deadline=answer_late if args.verify else None)
     finally:
         interrupts.remove_cleanup(drop_partial_outputs)
@@ -129,12 +92,14 @@ def _rank_argv(args) -> tuple[list[str], float | None]:
         argv = ["--verify", os.path.abspath(args.verify),
                 "--verify-timeout", repr(max(budget.remaining(), 1e-3)),
                 "--verify-deadline", repr(budget.wall)]
+        if args.started_at is not None:
+            argv += ["--started-at", repr(args.started_at)]
         if args.result:
             argv += ["--result", os.path.abspath(args.result)]
     else:
         argv = ["--box", os.path.abspath(args.box)]
-    argv += ["--threads", str(args.threads), "--timeout", str(args.timeout),
-             "--device", getattr(args, "device", "cpu")]
+    argv += ["--threads", str(args.threads), "--collective-timeout",
+             repr(args.collective_timeout), "--device", args.device, "--nproc", "1"]
     if args.json:
         argv += ["--json", os.path.abspath(args.json)]
     if args.method:
@@ -175,7 +140,7 @@ def _run_rank(directory: str, args) -> int:
     from shardbound.runtime.program.report import bounds_sha256, format_table, write_output
 
     lower, upper = read_box_file(args.box)
-    with dist.rank_session(args.threads, args.timeout, args.device) as comm:
+    with dist.rank_session(args.threads, args.collective_timeout, args.device) as comm:
         verifier = load(directory, comm=comm)
         as_boxes(lower, upper, verifier.input_shape, where=args.box)  # errors name the file
         method = args.method or verifier.method
@@ -240,12 +205,13 @@ def one_line(text: str) -> str:
 def guarded(fn, *a) -> int:
     """Run fn; a ShardboundError becomes one line on stderr and exit code 2 (3 when a peer
     rank failed or hung)."""
-    from shardbound.runtime.parallel.dist import RankFailure
     from shardbound.runtime.program import interrupts
 
     try:
         return fn(*a)
     except BaseException as e:
+        from shardbound.runtime.parallel.dist import RankFailure     # torch: only now
+
         if interrupts.stopping():       # a signal's cleanups pulled files or ranks away
             interrupts.wait_for_stop()
         if isinstance(e, ShardboundError):
@@ -282,9 +248,7 @@ def leave(code: int, own: bool) -> None:
 
 def program_main(directory: str, argv=None) -> None:
     own = own_process(argv)
-    parser = ArgumentParser(prog="program.py", description="Run a compiled shardbound program.")
-    add_run_arguments(parser)
-    args = parser.parse_args(argv)
+    args = RunOptions.from_namespace(parser_for("program", "program.py").parse_args(argv))
     code = guarded(run, directory, args)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:   # one rank of a job: see dist.exit_rank
         from shardbound.runtime.parallel.dist import exit_rank

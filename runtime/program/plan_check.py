@@ -16,10 +16,7 @@ import torch
 
 from shardbound.runtime.errors import ShardboundError
 
-MODES = ("single", "fsdp", "tp")
-SUMMATIONS = ("blocked", "exact", "fast")
-METHODS = ("crown", "ibp")
-INTERMEDIATE = ("crown", "ibp")
+from shardbound.options import INTERMEDIATE, METHODS, MODES, SUMMATIONS  # noqa: E402,F401
 SCAN_BYTES = 16 << 20          # a tp rank checks whole tensors for nan in blocks of this size
 
 
@@ -58,6 +55,9 @@ def check_plan(plan: dict, path: str) -> None:
     _choice(plan, "intermediate", INTERMEDIATE, path)
     if plan["mode"] == "tp" and "tp_intermediate" in plan:
         _choice(plan, "tp_intermediate", INTERMEDIATE, path)
+    nproc = plan.get("nproc", 1)
+    if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1:
+        raise _fail(path, f"field 'nproc' must be a positive integer, got {_short(nproc)}")
     for side in ("input", "output"):
         part = plan.get(side)
         if not isinstance(part, dict) or not isinstance(part.get("node"), str):
@@ -86,11 +86,14 @@ def check_plan(plan: dict, path: str) -> None:
 
 
 def check_program(plan: dict, module, directory: str) -> None:
-    """plan.json against the constants program.py was generated with."""
+    """plan.json against the constants program.py was generated with (the runtime runs with
+    program.py's: MODE picks the build, METHOD the default method, SUMMATION the order, NPROC
+    the ranks to launch)."""
     path = os.path.join(directory, "plan.json")
-    for field, const in (("mode", "MODE"), ("summation", "SUMMATION"), ("method", "METHOD")):
+    for field, const in (("mode", "MODE"), ("summation", "SUMMATION"), ("method", "METHOD"),
+                         ("nproc", "NPROC")):
         have = getattr(module, const, None)
-        if have is not None and have != plan[field]:
+        if have is not None and have != plan.get(field, 1 if field == "nproc" else None):
             raise _fail(path, f"field {field!r} is {plan[field]!r} but program.py was "
                               f"generated for {have!r}")
     for side, const in (("input", "INPUT_SHAPE"), ("output", "OUTPUT_SHAPE")):
@@ -100,9 +103,16 @@ def check_program(plan: dict, module, directory: str) -> None:
                               f"was generated for {list(have)}")
 
 
-def check_nodes(plan: dict, network, directory: str) -> None:
-    """The node list of plan.json against the network program.py builds."""
+def check_nodes(plan: dict, network, directory: str, module=None) -> None:
+    """The node list of plan.json against the network program.py builds, and the network's
+    shapes against program.py's INPUT_SHAPE and OUTPUT_SHAPE."""
     path = os.path.join(directory, "plan.json")
+    for const, have in (("INPUT_SHAPE", network.input_shape),
+                        ("OUTPUT_SHAPE", network.output_shape)):
+        want = getattr(module, const, None)
+        if want is not None and tuple(want) != tuple(have):
+            raise _fail(os.path.join(directory, "program.py"),
+                        f"{const} is {tuple(want)} but its nodes give {tuple(have)}")
     built = [n.name for n in network.nodes]
     listed = [n["name"] for n in plan["nodes"]]
     if built != listed:

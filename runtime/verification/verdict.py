@@ -14,7 +14,6 @@ budget ends the run with `timeout`, on every rank at the same point.
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -28,6 +27,7 @@ from shardbound.runtime.verification.budget import Budget, BudgetExhausted
 from shardbound.runtime.verification.input_split import input_split, refuted_conjunctions
 from shardbound.runtime.engine.intermediate_alpha import optimise_intermediate_bounds
 from shardbound.runtime.verification.relu_split import relu_split
+from shardbound.runtime.verification.stages import StageLog
 from shardbound.runtime.verification.spec import Spec, SpecCase, inside_box, outward_box, violated_conjunctions
 
 SPLIT_MAX_INPUTS = 16     # input splitting beyond this many inputs rarely finishes
@@ -39,7 +39,9 @@ class Result:
     x: np.ndarray | None = None        # counterexample input (flattened), for sat
     y: np.ndarray | None = None        # its output
     seconds: float = 0.0
-    stages: list[str] = field(default_factory=list)
+    stages: list[str] = field(default_factory=list)   # "case I: STAGE", every stage run
+    records: list = field(default_factory=list)       # their StageRecords (times, boxes)
+    decided: object = None                            # the StageRecord that decided it
 
     def vnncomp_text(self) -> str:
         """The VNN-COMP result file: the verdict, then for sat the assignment."""
@@ -50,38 +52,15 @@ class Result:
         return "sat\n(" + "\n ".join(parts) + ")\n"
 
 
-class Progress:
-    """One status line on a terminal (domains left, verified volume, elapsed); silent when
-    quiet or when stderr is not a terminal, so logs and pipes stay clean."""
-
-    def __init__(self, quiet: bool, stream=None):
-        self.stream = stream or sys.stderr
-        self.enabled = not quiet and self.stream.isatty()
-        self.last = 0.0
-
-    def __call__(self, domains_left, verified, elapsed):
-        if not self.enabled or time.monotonic() - self.last < 0.2:
-            return
-        self.last = time.monotonic()
-        self.stream.write(f"\r  bab: {domains_left} domains left, {100 * verified:6.2f}% of the "
-                          f"box verified, {elapsed:6.1f} s ")
-        self.stream.flush()
-
-    def done(self):
-        if self.enabled:
-            self.stream.write("\r" + " " * 78 + "\r")
-            self.stream.flush()
-
-
 class _CaseRunner:
-    def __init__(self, verifier, case: SpecCase, budget: Budget, comm, progress, log):
+    def __init__(self, verifier, case: SpecCase, budget: Budget, comm, progress, start):
         self.net = verifier.network
         self.case = case
         self.budget = budget
         self.deadline = budget.deadline if budget.deadline is not None else float("inf")
         self.comm = comm
         self.progress = progress
-        self.log = log
+        self.start = start          # start(stage): a stage line, and its record
         self.lo, self.hi = outward_box(case.lower, case.upper)
         self.C, self.d, self.owner = case.stacked()
         self.n_conj = len(case.conjunctions)
@@ -129,6 +108,7 @@ class _CaseRunner:
         if self.n_conj == 0:
             return "unsat", None
         if any(len(k.d) == 0 for k in self.case.conjunctions):   # no output constraint
+            self.start("attack")
             return "sat", self.confirm((self.lo + self.hi) / 2)
         shape = (1, *self.net.input_shape)
         dev = self.net.device
@@ -136,29 +116,30 @@ class _CaseRunner:
         C_dev = self.C.to(dev)
         budget = self.budget
         budget.check()
+        self.start("attack")
         x = pgd(self.forward_flat, self.lo, self.hi, self.C, self.d, self.owner, stop=budget)
         if x is not None and (cex := self.confirm(x)) is not None:
-            self.log("attack")
             return "sat", cex
         budget.check()
+        self.start("crown")
         with torch.no_grad():
             cache = self.net.intermediate_bounds(lo, hi)
             lb, _ = self.net.final_crown(*cache, lo, hi, C_dev)
             lb = lb.cpu()
-        self.log("crown")
         if self.refuted(lb):
             return "unsat", None
         # Tighter intermediate bounds for alpha-CROWN, and the root prior of branch and bound.
         budget.check()
+        self.start("intermediate")
         cache = (cache[0], optimise_intermediate_bounds(self.net, lo, hi, cache[1], stop=budget))
         budget.check()
+        self.start("alpha-crown")
         lb, _ = alpha_mod.alpha_crown(self.net, lo, hi, C_dev, cache=cache, stop=budget)
         lb = lb.cpu()
-        self.log("alpha-crown")
         if self.refuted(lb):
             return "unsat", None
         if self.lo.numel() <= SPLIT_MAX_INPUTS:
-            self.log("input-split")
+            self.start("input-split")
             res = input_split(self.net, self.C, self.d, self.owner, self.lo, self.hi,
                               self.deadline, self.agree, self.is_violation, progress=self.progress,
                               attack=self.domain_attack, root_prior=cache[1], stop=budget)
@@ -167,14 +148,14 @@ class _CaseRunner:
                 return "sat", self.confirm(res.x)
             return res.verdict, None
         budget.check()
+        self.start("attack-strong")
         x = pgd(self.forward_flat, self.lo, self.hi, self.C, self.d, self.owner,
                 restarts=32, steps=150, seed=1, stop=budget)
         if x is not None and (cex := self.confirm(x)) is not None:
-            self.log("attack-strong")
             return "sat", cex
         if self.net.splittable_nodes():
-            self.log("relu-split")
             budget.check()
+            self.start("relu-split")
             res = relu_split(self.net, self.C, self.d, self.owner, self.lo, self.hi,
                              self.deadline, self.agree, self.is_violation,
                              progress=self.progress, root_prior=cache[1], stop=budget)
@@ -203,40 +184,49 @@ def check_spec_fits(spec: Spec, input_shape, output_shape) -> None:
 
 
 def verify(verifier, spec: Spec, timeout_s: float, comm, quiet: bool = True,
-           deadline: float | None = None) -> Result:
+           deadline: float | None = None, stages: StageLog | None = None) -> Result:
     """The verdict on `spec` for the compiled network behind `verifier`, within `timeout_s`
     seconds (or by `deadline`, a time.monotonic() value, when given: the caller's budget).
-    Every rank of a job gets the same verdict at the same point."""
+    Every rank of a job gets the same verdict at the same point. `stages` prints the stage
+    lines (on a terminal) and keeps the records; by default a silent one."""
     start = time.monotonic()
     if deadline is None:
         deadline = start + timeout_s
     budget = Budget(deadline, comm)
-    stages: list[str] = []
-    progress = Progress(quiet)
-    verdicts = []
+    if stages is None:
+        stages = StageLog(time.time(), quiet=quiet, boxes=len(spec.cases))
+    stages.boxes = len(spec.cases)
     check_spec_fits(spec, verifier.input_shape, verifier.output_shape)
     net = verifier.network
     net.budget = budget
+
+    def result(verdict, box=None, x=None, y=None):
+        stages.end()
+        decided = stages.last(box) if box is not None else stages.last()
+        names = [f"case {r.box}: {r.stage}" for r in stages.records if r.box is not None]
+        return Result(verdict, x, y, time.monotonic() - start, names, list(stages.records),
+                      decided)
+
+    verdicts = []
     try:
         for i, case in enumerate(spec.cases):
-            runner = _CaseRunner(verifier, case, budget, comm, progress,
-                                 lambda s, i=i: stages.append(f"case {i}: {s}"))
+            runner = _CaseRunner(verifier, case, budget, comm, stages,
+                                 lambda s, i=i: stages.start(s, i))
             try:
                 verdict, cex = runner.run()
             except BudgetExhausted:
-                progress.done()
-                stages.append(f"case {i}: out of time")
+                stages.done()
                 verdict, cex = "timeout", None
             if verdict == "sat" and cex is not None:
-                return Result("sat", cex[0], cex[1], time.monotonic() - start, stages)
+                return result("sat", i, cex[0], cex[1])
             if verdict == "sat":      # a sat without a confirmed point is not reported
                 verdict = "unknown"
             verdicts.append(verdict)
             if verdict == "timeout":
-                break
+                return result("timeout", i)
     finally:
         net.budget = None
-    seconds = time.monotonic() - start
     if all(v == "unsat" for v in verdicts) and len(verdicts) == len(spec.cases):
-        return Result("unsat", seconds=seconds, stages=stages)
-    return Result("timeout" if "timeout" in verdicts else "unknown", seconds=seconds, stages=stages)
+        return result("unsat")
+    first = next(i for i, v in enumerate(verdicts) if v != "unsat")
+    return result("unknown", first)
