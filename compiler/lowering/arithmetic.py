@@ -1,12 +1,13 @@
 """The arithmetic family: arithmetic with constants (-> `affine`: Add, Sub, Mul, Div, Neg,
 BatchNormalization in inference as a per-channel affine that canonicalize folds into the layer
-before it) and sums of computed tensors (-> `add`)."""
+before it) and sums of computed tensors (-> `add`). A product of two computed tensors goes to
+the product patterns other families register (`register_product`: x * sigmoid(x) is silu)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from shardbound.compiler.lowering import register
+from shardbound.compiler.lowering import lower_product, register
 
 
 def _affine(ctx, node, x, scale=None, shift=None):
@@ -58,8 +59,11 @@ def lower_sub(ctx, node):
 def lower_mul(ctx, node):
     x, other, _ = _binary(ctx, node)
     if not isinstance(other, np.ndarray):
+        if lower_product(ctx, node, x, other):      # x * sigmoid(x), x * x, ...
+            return
         raise ctx.error("the product of two computed tensors is not linear and is not "
-                        "supported; only multiplication by constants")
+                        "supported; only multiplication by constants (and the forms of x * f(x) "
+                        "that fuse: silu, gelu, hardswish, powers)")
     _affine(ctx, node, x, scale=other)
 
 

@@ -1,8 +1,9 @@
-"""The smooth family: Sigmoid and Tanh (kernels in runtime/ops/smooth.py).
+"""The smooth family: Sigmoid, Tanh, Erf and Softsign (kernels in runtime/ops/smooth.py).
 
-Both ops have three schema versions (1, 6, 13); the signature changed once for us: opset 1
-has the legacy `consumed_inputs` attribute (an in-place hint without meaning for the
+Sigmoid and Tanh have three schema versions (1, 6, 13); the signature changed once for us:
+opset 1 has the legacy `consumed_inputs` attribute (an in-place hint without meaning for the
 result, ignored), dropped in 6; 13 only adds bfloat16. So one handler each, since opset 1.
+Erf (9, 13) and Softsign (1, 22) only add types after their first version.
 """
 
 from __future__ import annotations
@@ -18,3 +19,13 @@ def lower_sigmoid(ctx, node):
 @register("Tanh", since=1)
 def lower_tanh(ctx, node):
     ctx.emit("tanh", [ctx.computed(node.inputs[0])], node.outputs[0])
+
+
+@register("Erf", since=9)
+def lower_erf(ctx, node):
+    ctx.emit("erf", [ctx.computed(node.inputs[0])], node.outputs[0])
+
+
+@register("Softsign", since=1)
+def lower_softsign(ctx, node):
+    ctx.emit("softsign", [ctx.computed(node.inputs[0])], node.outputs[0])
