@@ -57,6 +57,22 @@ def lower_product(ctx, node, a, b) -> bool:
     return any(fn(ctx, node, a, b) for fn in _PRODUCTS)
 
 
+_QUOTIENTS: list[Handler] = []
+
+
+def register_quotient(fn: Handler) -> Handler:
+    """Register a lowering of `Div(a, b)` with a computed divisor b of a special form (c / x
+    is c * reciprocal(x), x / (1 + |x|) is softsign): `fn(ctx, node, a, b)` (a a constant
+    array or computed) lowers the node and returns True, or returns False."""
+    _QUOTIENTS.append(fn)
+    return fn
+
+
+def lower_quotient(ctx, node, a, b) -> bool:
+    """Whether a registered quotient pattern lowered `Div(a, b)` (b computed)."""
+    return any(fn(ctx, node, a, b) for fn in _QUOTIENTS)
+
+
 def supported_ops() -> list[str]:
     return sorted(op for (_, op) in _REGISTRY)
 

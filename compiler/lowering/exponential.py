@@ -1,6 +1,7 @@
 """The exponential family: Exp, Log, Reciprocal, Sqrt, Pow, Softplus, Elu, Selu, Celu (kernels
-in runtime/ops/exponential.py), and the product pattern x^m * x^n -> x^(m+n) (Mul(x, x) is
-how torch exports x * x, and x ** 3 inside the tanh Gelu as Mul(x, Mul(x, x))).
+in runtime/ops/exponential.py), the product pattern x^m * x^n -> x^(m+n) (Mul(x, x) is how
+torch exports x * x, and x ** 3 inside the tanh Gelu as Mul(x, Mul(x, x))), and the quotient
+c / x -> c * reciprocal(x) for a constant c (torch.rsqrt exports as Div(1, Sqrt(x))).
 
 - Pow(x, p) with a constant p (one value): p = 1 is x, p = 0 is 1, p = 0.5 is sqrt, p = -1 a
   reciprocal, any other p the `pow` kernel. Pow(c, x) with a constant c > 0 is exp(x log c).
@@ -22,7 +23,7 @@ import math
 import numpy as np
 
 from shardbound.compiler import univariate as uv
-from shardbound.compiler.lowering import register, register_product
+from shardbound.compiler.lowering import register, register_product, register_quotient
 from shardbound.runtime.ops import OP_TYPES
 
 SELU_ALPHA = 1.67326319217681884765625
@@ -194,3 +195,18 @@ def fuse_powers(ctx, node, a, b) -> bool:
         _scale(ctx, y, ma[0] * mb[0], node.outputs[0])
         return True
     return False
+
+
+@register_quotient
+def constant_over(ctx, node, a, b) -> bool:
+    """c / x = c * reciprocal(x) for a constant c (broadcast into x)."""
+    if not isinstance(a, np.ndarray):
+        return False
+    y = ctx.emit("reciprocal", [b])
+    c = np.asarray(a, dtype=np.float64)
+    if c.size == 1:
+        _scale(ctx, y, float(c.reshape(-1)[0]), node.outputs[0])
+    else:
+        ctx.emit("affine", [y], node.outputs[0],
+                 params={"scale": ctx.sample_constant(c, y, "the numerator")})
+    return True

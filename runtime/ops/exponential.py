@@ -247,7 +247,7 @@ class Pow(InterceptRelaxation):
         ok = self.domain64(lo, hi)
         if self.integer:            # monotone on each side; across 0 it is unbounded
             ends = torch.stack([f(lo), f(hi)])
-            low, high = ends.min(dim=0).values, ends.max(dim=0).values
+            low, high = torch.amin(ends, dim=0), torch.amax(ends, dim=0)
             if self.even:           # x^-2n > 0: the far end is the smallest value
                 return low, torch.where(ok, high, INF)
             return torch.where(ok, low, -INF), torch.where(ok, high, INF)

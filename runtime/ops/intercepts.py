@@ -59,8 +59,11 @@ F64 = torch.float64
 EPS = 2.0 ** -46        # relative float64 error allowed per evaluated term (64 ulps)
 TINY = 2.0 ** -126      # absolute slack: the smallest normal float32 (no denormal intercepts)
 HUGE = 2.0 ** 32        # beyond this a line buys nothing over the constant bounds
-BISECTION_STEPS = 48    # tangent points (any result is sound)
-ENVELOPE_STEPS = 40     # CROWN's slopes of a mixed-curvature interval (any result is sound)
+BISECTION_STEPS = 48    # S-shaped CROWN tangent points (smooth.py; any result is sound)
+TOUCH_STEPS = 32        # touching points by bisection: off by 2^-32 of the piece, which
+                        # loosens a bound by ~ f'' width^2 2^-32 (any result is sound)
+ENVELOPE_STEPS = 20     # CROWN's slopes of a mixed-curvature interval: the line's value at
+                        # the midpoint is flat near the optimum (any result is sound)
 # alpha lives in [0, ALPHA_SPAN]^2: the shared optimiser's step (lr 0.25, tuned for ReLU
 # slopes in [0, 1]) is then 1/48 of the slope range. Measured (20 steps; sigmoid_mlp,
 # tanh_mlp, tp_sigmoid; 36 boxes): total gain of the margins over CROWN 15.4 with span 1,
@@ -195,7 +198,7 @@ class InterceptRelaxation(ElementwiseRelaxation):
         tightness). Default: bisection (f' is monotone on a piece)."""
         da, dc = self.piece_df64(a, index), self.piece_df64(c, index)
         sign = torch.where(dc >= da, torch.ones_like(w), -torch.ones_like(w))
-        return bisect(lambda x: sign * (self.piece_df64(x, index) - w), a, c)
+        return bisect(lambda x: sign * (self.piece_df64(x, index) - w), a, c, TOUCH_STEPS)
 
     def domain64(self, lo, hi):
         """Bool: where f is finite and continuous on [lo, hi] (lines may slope there)."""
@@ -213,7 +216,7 @@ class InterceptRelaxation(ElementwiseRelaxation):
                              for p in self.critical_points + self._boundaries()]
         values = torch.stack([f(p) for p in points])
         bad = torch.isnan(values).any(dim=0)
-        low, high = values.min(dim=0).values, values.max(dim=0).values
+        low, high = torch.amin(values, dim=0), torch.amax(values, dim=0)
         return torch.where(bad, -INF, low), torch.where(bad, INF, high)
 
     def _boundaries(self) -> tuple[float, ...]:
@@ -232,14 +235,18 @@ class InterceptRelaxation(ElementwiseRelaxation):
     def relax(self, lo, hi, alpha=None):
         if alpha is not None:
             return self._relax(lo, hi, alpha)
-        # CROWN's lines are asked for once per backward pass through this node, with the same
-        # bounds: kept for the last bounds seen (held, so their storage cannot be reused;
-        # an in-place change bumps _version).
+        return self._cached("_default_lines", lo, hi, lambda: self._relax(lo, hi, None))
+
+    def _cached(self, slot: str, lo, hi, compute):
+        """compute() for the last bounds seen in `slot`: CROWN's lines and alpha's slope
+        ranges are asked for once per backward pass through this node, with the same bounds
+        (held, so their storage cannot be reused; an in-place change bumps _version)."""
         key = tuple((t.data_ptr(), t.shape, t.stride(), t.storage_offset(), t._version, t.dtype,
                      t.device) for t in (lo, hi))
-        cached = getattr(self, "_default_lines", None)
+        cached = getattr(self, slot, None)
         if cached is None or cached[0] != key:
-            cached = self._default_lines = (key, (lo, hi), self._relax(lo, hi, None))
+            cached = (key, (lo, hi), compute())
+            setattr(self, slot, cached)
         return cached[2]
 
     def sloped64(self, l64, u64):
@@ -264,7 +271,9 @@ class InterceptRelaxation(ElementwiseRelaxation):
             wl, wu = self.default_slopes64(L, U)
         else:
             a = alpha.to(F64)
-            wl, wu = self.alpha_slopes64(L, U, a[:, :, 0]), self.alpha_slopes64(L, U, a[:, :, 1])
+            span = self._cached("_slope_ranges", lo, hi, lambda: self.slope_range64(L, U))
+            wl = self.alpha_slopes64(L, U, a[:, :, 0], span)
+            wu = self.alpha_slopes64(L, U, a[:, :, 1], span)
         wl32 = to_slope(torch.where(sloped, wl, zero))
         wu32 = to_slope(torch.where(sloped, wu, zero))
         rmin, rmax = self.range64(l64, u64)
@@ -313,7 +322,7 @@ class InterceptRelaxation(ElementwiseRelaxation):
             lo_d, hi_d = torch.minimum(*ends), torch.maximum(*ends)
             lows.append(torch.where(inside, lo_d, torch.full_like(lo_d, INF)))
             highs.append(torch.where(inside, hi_d, torch.full_like(hi_d, -INF)))
-        smin, smax = torch.stack(lows).min(dim=0).values, torch.stack(highs).max(dim=0).values
+        smin, smax = torch.amin(torch.stack(lows), dim=0), torch.amax(torch.stack(highs), dim=0)
         # f' still infinite or NaN (a point where f is not differentiable): any finite range
         ok = torch.isfinite(smin) & torch.isfinite(smax)
         return torch.where(ok, smin, torch.zeros_like(smin)), torch.where(ok, smax, torch.zeros_like(smax))
@@ -434,10 +443,10 @@ class InterceptRelaxation(ElementwiseRelaxation):
                for w in self.default_slopes64(L, U)]
         return torch.stack(out, dim=1).to(lo.dtype)
 
-    def alpha_slopes64(self, lo, hi, a):
+    def alpha_slopes64(self, lo, hi, a, span=None):
         """The slope of alpha entry a in [0, ALPHA_SPAN]: a point of the range of f' on
-        [lo, hi]."""
-        smin, smax = self.slope_range64(lo, hi)
+        [lo, hi] (`span`, when known)."""
+        smin, smax = self.slope_range64(lo, hi) if span is None else span
         return smin + (a / ALPHA_SPAN) * (smax - smin)
 
     def slope_alpha64(self, lo, hi, w):

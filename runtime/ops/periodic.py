@@ -70,7 +70,7 @@ class Sinusoid(InterceptRelaxation):
             c = (k + j + 0.5) * PI - self.phase
             points.append(torch.minimum(torch.maximum(c, lo), hi))
         values = torch.stack([self.f64(p) for p in points])
-        low, high = values.min(dim=0).values, values.max(dim=0).values
+        low, high = torch.amin(values, dim=0), torch.amax(values, dim=0)
         exact = (torch.isfinite(lo) & torch.isfinite(hi) & (lo.abs() <= LIMIT)
                  & (hi.abs() <= LIMIT) & (hi - lo < 2 * PI))
         return torch.where(exact, low, -1.0), torch.where(exact, high, 1.0)
