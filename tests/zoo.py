@@ -368,3 +368,20 @@ def silu_hardswish_mlp(rng):
 
 OP_ZOO.update({"gelu_mlp": gelu_mlp, "exp_log_mlp": exp_log_mlp, "sincos_mlp": sincos_mlp,
                "silu_hardswish_mlp": silu_hardswish_mlp})
+
+
+def tp_smooth_chain(rng, n_in=6, hidden=520, n_out=3):
+    """One tp zone whose elementwise chain holds the smooth kernels -- silu (Mul(x,
+    Sigmoid(x))), sin, hard_swish, softplus, log (of softplus + 0.1) -- over 520 hidden
+    channels (3 blocks of 256: the ranks hold real slices), then a replicated Gelu and Gemm.
+    In TP_ZOO: tests/ops/test_gated.py runs it in fsdp and tp (too wide for the op-zoo run)."""
+    b = Builder(rng, (n_in,), opset=20)
+    h = b.gemm("x", n_in, hidden)
+    h = b.op("Sin", [b.op("Mul", [h, b.op("Sigmoid", [h])])])
+    h = b.op("Softplus", [b.op("HardSwish", [h])])
+    h = b.op("Log", [b.op("Add", [h, b.const(np.float32(0.1))])])
+    h = b.op("Gelu", [b.gemm(h, hidden, 16)])
+    return b.build(b.gemm(h, 16, n_out)), b.input_shape
+
+
+TP_ZOO.update({"tp_smooth_chain": tp_smooth_chain})

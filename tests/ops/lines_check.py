@@ -190,3 +190,42 @@ def position_independent(kernel, lo, hi):
 
 def to64(t):
     return t.to(F64)
+
+
+# -- compiled zoo models ---------------------------------------------------------------------------
+def zoo_margins(tmp_path, name: str, radius: float = 0.15, seed: int = 0, summation="blocked"):
+    """{method: lower bounds of the margins f_c - f_j} of a tests/zoo.py model on one box
+    (c the class at the box centre), and the verifier."""
+    import onnx
+    import zoo
+    from shardbound.compiler.driver import compile_model
+    from shardbound.passes.manager import PassOptions
+    from shardbound.runtime import load
+
+    model, shape = zoo.build(name)
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(model, path)
+    out = tmp_path / f"{name}_{summation}"
+    compile_model(str(path), str(out), PassOptions(summation=summation))
+    verifier = load(str(out))
+    rng = np.random.default_rng(seed)
+    centre = rng.uniform(-0.5, 0.5, int(np.prod(shape))).astype(np.float32)
+    lo, hi = centre - np.float32(radius), centre + np.float32(radius)
+    y = verifier.forward(torch.from_numpy(centre)[None]).reshape(-1)
+    c, n = int(y.argmax()), y.numel()
+    C = torch.zeros(n - 1, n)
+    for r, j in enumerate(j for j in range(n) if j != c):
+        C[r, c], C[r, j] = 1.0, -1.0
+    return {m: verifier.bounds(lo, hi, C=C, method=m)[0].reshape(-1)
+            for m in ("ibp", "crown", "alpha-crown")}, verifier
+
+
+def assert_alpha_beats_crown(tmp_path, names, radius: float = 0.15):
+    """CROWN never below IBP, alpha-CROWN never below CROWN, and strictly above it somewhere."""
+    better = {}
+    for name in names:
+        m, _ = zoo_margins(tmp_path, name, radius)
+        assert bool((m["crown"] >= m["ibp"]).all()), name
+        assert bool((m["alpha-crown"] >= m["crown"]).all()), name
+        better[name] = float((m["alpha-crown"] - m["crown"]).max())
+    assert all(v > 1e-4 for v in better.values()), better

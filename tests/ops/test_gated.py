@@ -216,3 +216,52 @@ def test_a_product_of_two_layers_stays_an_error(tmp_path):
 
     with pytest.raises(ShardboundError, match="product of two computed tensors"):
         _ops(tmp_path, build)
+
+
+# -- fsdp and tp: bitwise single mode ----------------------------------------------------------
+MULTIRANK_METHODS = ["ibp", "crown", "alpha-crown"]
+
+
+@pytest.fixture(scope="module")
+def multirank(tmp_path_factory):
+    """tests/zoo.py's tp_smooth_chain (silu, sin, hard_swish, softplus, log in one Megatron zone
+    of 520 channels, a replicated Gelu after it) in fsdp and tp (--tp-intermediate crown), each
+    next to its single-mode program; one job on P = 2 and one on P = 3 ranks run both."""
+    from multirank import compile_pairs, run_job, zoo_cases
+
+    tmp = tmp_path_factory.mktemp("gated_multirank")
+    cases = zoo_cases(tmp, ("tp_smooth_chain",), seed=5, radius=0.2)
+    pairs = {"fsdp": compile_pairs(tmp, cases, "fsdp"),
+             "tp": compile_pairs(tmp, cases, "tp", tp_intermediate="crown")}
+    every = pairs["fsdp"] + pairs["tp"]
+    single = run_job(tmp, [s for _, s, _ in every], MULTIRANK_METHODS, 1, tag="single")
+    runs = {P: run_job(tmp, [m for _, _, m in every], MULTIRANK_METHODS, P, tag="ranks")
+            for P in (2, 3)}
+    return pairs, single, runs
+
+
+@pytest.mark.parametrize("mode", ["fsdp", "tp"])
+def test_multirank_bitwise_single(multirank, mode):
+    pairs, single, runs = multirank
+    for P, got in runs.items():
+        for name, s, m in pairs[mode]:
+            for method in MULTIRANK_METHODS:
+                assert got[(m["dir"], method)]["sha"] == single[(s["dir"], method)]["sha"], \
+                    (name, mode, method, P)
+
+
+def test_tp_zone_holds_the_smooth_chain(tmp_path):
+    import zoo
+    from shardbound.compiler.driver import inspect_model
+    from shardbound.passes.manager import PassOptions
+
+    model, _ = zoo.build("tp_smooth_chain")
+    onnx.save(model, tmp_path / "m.onnx")
+    text = inspect_model(str(tmp_path / "m.onnx"), PassOptions(mode="tp", nproc=3))
+    kinds = ("silu", "sin", "hard_swish", "softplus", "log")
+    lines = [x for x in text.splitlines() if any(f"= {k}(" in x for k in kinds)]
+    assert len(lines) == len(kinds) and all("tp=zone0 elementwise" in x for x in lines), text
+
+
+def test_alpha_crown_beats_crown_on_the_zoo(tmp_path):
+    lc.assert_alpha_beats_crown(tmp_path, ("gelu_mlp", "silu_hardswish_mlp"))

@@ -100,3 +100,7 @@ def test_crown_envelope_lines_across_a_zero():
     assert abs(wl[0] * 2 + bl[0] - math.sin(2)) < 1e-5
     t = -math.acos(wl[0])
     assert -1 <= t <= 0 and abs(wl[0] * t + bl[0] - math.sin(t)) < 1e-5
+
+
+def test_alpha_crown_beats_crown_on_the_zoo(tmp_path):
+    lc.assert_alpha_beats_crown(tmp_path, ("sincos_mlp",))
