@@ -280,3 +280,16 @@ def test_every_summation_order(tmp_path, order):
     for method, tol in (("ibp", 1e-5), ("crown", 1e-5), ("alpha-crown", 1e-3)):
         assert torch.allclose(m1[method], ref[method], rtol=tol, atol=tol), (order, method)
     assert bool((m1["alpha-crown"] > m1["crown"] + 1e-5).any())
+
+
+def test_exp_overflow_gives_an_infinite_upper_bound(tmp_path):
+    """exp on [80, 100] overflows float32: the upper bound is +inf in every method; CROWN's
+    lower one stays finite (no overflowing slope on the way: a constant line; IBP's centre-
+    radius form loses it to inf - inf); nothing is NaN."""
+    verifier = _compile(tmp_path, _net("Exp", weight_sign=1.0), "exp_overflow")
+    box_lo, box_hi = np.full(4, 0.5, np.float32), np.full(4, 1.5, np.float32)
+    box_lo[0], box_hi[0] = 80.0, 100.0
+    for method in ("ibp", "crown", "alpha-crown"):
+        lb, ub = verifier.bounds(box_lo, box_hi, method=method)
+        assert not bool(torch.isnan(lb).any()) and bool((ub == np.inf).all()), (method, lb, ub)
+        assert bool(torch.isfinite(lb).all()) == (method != "ibp"), (method, lb)
