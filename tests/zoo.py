@@ -385,3 +385,62 @@ def tp_smooth_chain(rng, n_in=6, hidden=520, n_out=3):
 
 
 TP_ZOO.update({"tp_smooth_chain": tp_smooth_chain})
+
+
+# MaxPool and Pad (runtime/ops/pooling.py, runtime/ops/layout.py)
+def maxpool_cnn(rng):
+    """Conv -> ReLU -> MaxPool (3x3, stride 2, pads 1: overlapping windows) -> Conv -> ReLU ->
+    Flatten -> Gemm."""
+    b = Builder(rng, (2, 8, 8))
+    h = b.op("Conv", ["x", b.const(b.weight(4, 2, 3, 3)), b.const(rng.normal(0, 0.1, (4,)))],
+             pads=[1, 1, 1, 1])
+    h = b.op("MaxPool", [b.relu(h)], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    h = b.op("Conv", [h, b.const(b.weight(4, 4, 3, 3)), b.const(rng.normal(0, 0.1, (4,)))])
+    h = b.op("Flatten", [b.relu(h)], axis=1)
+    return b.build(b.gemm(h, 4 * 2 * 2, 5)), b.input_shape
+
+
+def pad_avgpool_cnn(rng):
+    """Pad (reflect) -> Conv -> ReLU -> Pad (constant 0.2) -> AveragePool -> Flatten -> Gemm."""
+    b = Builder(rng, (1, 6, 6))
+    h = b.op("Pad", ["x", b.const(np.array([0, 0, 1, 2, 0, 0, 1, 0], dtype=np.int64))],
+             mode="reflect")                                                   # (1, 1, 8, 8)
+    h = b.op("Conv", [h, b.const(b.weight(3, 1, 3, 3)), b.const(rng.normal(0, 0.1, (3,)))])
+    h = b.op("Pad", [b.relu(h), b.const(np.array([0, 0, 0, 1, 0, 0, 0, 1], dtype=np.int64)),
+                     b.const(np.array(0.2, dtype=np.float32))], mode="constant")  # (1, 3, 6, 8)
+    h = b.op("AveragePool", [h], kernel_shape=[2, 2], strides=[2, 2])          # (1, 3, 3, 4)
+    h = b.op("Flatten", [h], axis=1)
+    return b.build(b.gemm(h, 36, 4)), b.input_shape
+
+
+def tp_maxpool_cnn(rng, channels=260):
+    """A conv tp zone that holds a MaxPool: Conv 1 -> 260 channels (two 256-blocks, so P = 2
+    splits it), ReLU, MaxPool 2x2 stride 2, Conv 260 -> 3 (row), then ReLU, Flatten, Gemm."""
+    b = Builder(rng, (1, 4, 4))
+    h = b.op("Conv", ["x", b.const(b.weight(channels, 1, 3, 3)),
+                      b.const(rng.normal(0, 0.1, (channels,)))], pads=[1, 1, 1, 1])
+    h = b.op("MaxPool", [b.relu(h)], kernel_shape=[2, 2], strides=[2, 2])
+    h = b.op("Conv", [h, b.const(b.weight(3, channels, 2, 2)), b.const(rng.normal(0, 0.1, (3,)))])
+    h = b.op("Flatten", [b.relu(h)], axis=1)
+    return b.build(b.gemm(h, 3, 3)), b.input_shape
+
+
+def tp_pad_cnn(rng, channels=260):
+    """A conv tp zone that holds a Pad (constant 0.3 on the spatial axes: elementwise per
+    channel, with a bias term): Conv 1 -> 260, ReLU, Pad, Conv 260 -> 3, ReLU, Flatten, Gemm."""
+    b = Builder(rng, (1, 3, 3))
+    h = b.op("Conv", ["x", b.const(b.weight(channels, 1, 2, 2)),
+                      b.const(rng.normal(0, 0.1, (channels,)))])                # (260, 2, 2)
+    h = b.op("Pad", [b.relu(h), b.const(np.array([0, 0, 1, 0, 0, 0, 0, 1], dtype=np.int64)),
+                     b.const(np.array(0.3, dtype=np.float32))])                 # (260, 3, 3)
+    h = b.op("Conv", [h, b.const(b.weight(3, channels, 2, 2)), b.const(rng.normal(0, 0.1, (3,)))])
+    h = b.op("Flatten", [b.relu(h)], axis=1)
+    return b.build(b.gemm(h, 12, 3)), b.input_shape
+
+
+OP_ZOO.update({
+    "maxpool_cnn": maxpool_cnn,
+    "pad_avgpool_cnn": pad_avgpool_cnn,
+    "tp_maxpool_cnn": tp_maxpool_cnn,
+    "tp_pad_cnn": tp_pad_cnn,
+})

@@ -14,17 +14,18 @@ May import: torch, `runtime.numerics`, `runtime.errors`. Nothing above them.
 
 from shardbound.runtime.ops.base import OP_TYPES, Bounds, NodeFacts, Op, register_op
 from shardbound.runtime.ops.relaxation import ElementwiseRelaxation, Lines
-from shardbound.runtime.ops.layout import Input, Reshape, Transpose
+from shardbound.runtime.ops.layout import Input, Pad, Reshape, Transpose
 from shardbound.runtime.ops.linear import Linear
 from shardbound.runtime.ops.conv import Conv2d
 from shardbound.runtime.ops.arithmetic import Add, Affine
 from shardbound.runtime.ops.activation import Relu
 from shardbound.runtime.ops.smooth import Erf, Sigmoid, Softsign, Tanh  # noqa: F401
+from shardbound.runtime.ops.pooling import MaxPool2d
 from shardbound.runtime.ops import exponential, gated, periodic  # noqa: F401  (registering)
 
 __all__ = ["OP_TYPES", "Bounds", "NodeFacts", "Op", "register_op", "ElementwiseRelaxation",
-           "Lines", "Input", "Reshape", "Transpose", "Linear", "Conv2d", "Add", "Affine", "Relu",
-           "Sigmoid", "Tanh"]
+           "Lines", "Input", "Pad", "Reshape", "Transpose", "Linear", "Conv2d", "Add", "Affine",
+           "Relu", "Sigmoid", "Tanh", "MaxPool2d"]
 
 
 def __getattr__(name: str):

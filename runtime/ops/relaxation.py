@@ -111,7 +111,7 @@ class ElementwiseRelaxation(Op):
             if icpt is None:
                 continue
             coef = A - pos if coef is None else coef
-            flat = icpt.reshape(icpt.shape[0], icpt.shape[1], -1)
+            flat = icpt.reshape(icpt.shape[0], icpt.shape[1], math.prod(icpt.shape[2:]))
             coef = coef.reshape(B, S, flat.shape[-1])
             if getattr(self, "infinite_lines", False):
                 term = self._dot_infinite(coef, flat)
