@@ -226,7 +226,8 @@ MULTIRANK_METHODS = ["ibp", "crown", "alpha-crown"]
 def multirank(tmp_path_factory):
     """tests/zoo.py's tp_smooth_chain (silu, sin, hard_swish, softplus, log in one Megatron zone
     of 520 channels, a replicated Gelu after it) in fsdp and tp (--tp-intermediate crown), each
-    next to its single-mode program; one job on P = 2 and one on P = 3 ranks run both."""
+    next to its single-mode program; one job each on P = 2, 3 and 4 ranks runs both (P = 4:
+    one rank holds no block of the zone, so every kernel also meets empty slices)."""
     from multirank import compile_pairs, run_job, zoo_cases
 
     tmp = tmp_path_factory.mktemp("gated_multirank")
@@ -236,7 +237,7 @@ def multirank(tmp_path_factory):
     every = pairs["fsdp"] + pairs["tp"]
     single = run_job(tmp, [s for _, s, _ in every], MULTIRANK_METHODS, 1, tag="single")
     runs = {P: run_job(tmp, [m for _, _, m in every], MULTIRANK_METHODS, P, tag="ranks")
-            for P in (2, 3)}
+            for P in (2, 3, 4)}
     return pairs, single, runs
 
 
