@@ -78,7 +78,10 @@ def import_onnx(path: str, max_elements: int | None = None) -> Graph:
         _lower_node(ctx, node, opset)
     ctx.onnx_node = None
     out = _single_output(ctx, graph)
-    return Graph(nodes=tuple(ctx.nodes), tensors=MappingProxyType(dict(ctx.tensors)),
+    nodes = _used(ctx.nodes, out.node)
+    keys = {key for n in nodes for _, key in n.params}
+    tensors = {k: v for k, v in ctx.tensors.items() if k in keys}
+    return Graph(nodes=tuple(nodes), tensors=MappingProxyType(tensors),
                  output=out.node, source=source, input_name=input_name)
 
 
@@ -184,6 +187,16 @@ def _fold(ctx: LoweringContext, node, opset: int) -> None:
         raise ctx.error(f"could not evaluate this constant subgraph: {first}") from None
     for t, r in zip(node.outputs, results):
         ctx.set_const(t, np.asarray(r))
+
+
+def _used(nodes: list[Node], output: str) -> list[Node]:
+    """The nodes the output depends on, and the input (graphsurgeon's cleanup dropped the
+    unused ONNX nodes; a fused product pattern leaves the IR nodes it replaced unused)."""
+    needed = {output}
+    for n in reversed(nodes):
+        if n.name in needed:
+            needed.update(n.inputs)
+    return [n for n in nodes if n.name in needed or n.op == "input"]
 
 
 def _single_output(ctx: LoweringContext, graph) -> Computed:

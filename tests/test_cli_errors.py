@@ -68,9 +68,11 @@ def _two_unsupported() -> onnx.ModelProto:
 
 
 def _square() -> onnx.ModelProto:
+    """A product of two computed tensors that no pattern fuses (h * h is a power, and
+    h * sigmoid(h) silu: both compile)."""
     b = zoo.Builder(np.random.default_rng(0), (4,))
     h = b.gemm("x", 4, 3)
-    return b.build(b.op("Mul", [h, h], name="square_me"))
+    return b.build(b.op("Mul", [h, b.op("Exp", [h])], name="square_me"))
 
 
 def _dynamic() -> onnx.ModelProto:

@@ -317,6 +317,76 @@ def tp_sigmoid(rng):
 OP_ZOO.update({"sigmoid_mlp": sigmoid_mlp, "tanh_mlp": tanh_mlp, "tp_sigmoid": tp_sigmoid})
 
 
+# -- smooth nonlinear functions (issue 15): exponential, periodic and gated families ----------
+def gelu_mlp(rng):
+    """Two Gelu layers as torch exports them (the Erf formula, then the tanh formula with
+    x ** 3 as Mul(x, Mul(x, x))): 5 -> 12 -> 12 -> 3."""
+    b = Builder(rng, (5,))
+    h = b.gemm("x", 5, 12)
+    e = b.op("Add", [b.op("Erf", [b.op("Div", [h, b.const(np.float32(np.sqrt(2)))])]),
+                     b.const(np.float32(1))])
+    h = b.op("Mul", [b.op("Mul", [h, e]), b.const(np.float32(0.5))])
+    h = b.gemm(h, 12, 12)
+    cube = b.op("Mul", [h, b.op("Mul", [h, h])])
+    inner = b.op("Add", [h, b.op("Mul", [b.const(np.float32(0.044715)), cube])])
+    t = b.op("Tanh", [b.op("Mul", [b.const(np.float32(np.sqrt(2 / np.pi))), inner])])
+    h = b.op("Mul", [b.const(np.float32(0.5)),
+                     b.op("Mul", [h, b.op("Add", [b.const(np.float32(1)), t])])])
+    return b.build(b.gemm(h, 12, 3)), b.input_shape
+
+
+def exp_log_mlp(rng):
+    """Softplus, Log (of softplus + 0.1), Exp, Reciprocal (of 1 + exp) and Sqrt: 5 -> 12 -> 10
+    -> 3, every op inside its domain by construction."""
+    b = Builder(rng, (5,))
+    h = b.op("Softplus", [b.gemm("x", 5, 12)])
+    h = b.op("Log", [b.op("Add", [h, b.const(np.float32(0.1))])])
+    h = b.op("Exp", [b.gemm(h, 12, 10)])
+    h = b.op("Reciprocal", [b.op("Add", [h, b.const(np.float32(1))])])
+    h = b.op("Sqrt", [h])
+    return b.build(b.gemm(h, 10, 3)), b.input_shape
+
+
+def sincos_mlp(rng):
+    """Sin and Cos layers: 4 -> 12 -> 12 -> 3 (first-layer weights scaled up, so the boxes
+    reach across several pieces of the sine)."""
+    b = Builder(rng, (4,))
+    h = b.op("Sin", [b.op("Mul", [b.gemm("x", 4, 12), b.const(np.float32(2.5))])])
+    h = b.op("Cos", [b.gemm(h, 12, 12)])
+    return b.build(b.gemm(h, 12, 3)), b.input_shape
+
+
+def silu_hardswish_mlp(rng):
+    """SiLU as Mul(x, Sigmoid(x)), HardSwish (opset 14) and Selu: 5 -> 12 -> 12 -> 10 -> 3."""
+    b = Builder(rng, (5,), opset=14)
+    h = b.gemm("x", 5, 12)
+    h = b.op("Mul", [h, b.op("Sigmoid", [h])])
+    h = b.op("HardSwish", [b.op("Mul", [b.gemm(h, 12, 12), b.const(np.float32(3))])])
+    h = b.op("Selu", [b.gemm(h, 12, 10)])
+    return b.build(b.gemm(h, 10, 3)), b.input_shape
+
+
+OP_ZOO.update({"gelu_mlp": gelu_mlp, "exp_log_mlp": exp_log_mlp, "sincos_mlp": sincos_mlp,
+               "silu_hardswish_mlp": silu_hardswish_mlp})
+
+
+def tp_smooth_chain(rng, n_in=6, hidden=520, n_out=3):
+    """One tp zone whose elementwise chain holds the smooth kernels -- silu (Mul(x,
+    Sigmoid(x))), sin, hard_swish, softplus, log (of softplus + 0.1) -- over 520 hidden
+    channels (3 blocks of 256: the ranks hold real slices), then a replicated Gelu and Gemm.
+    In TP_ZOO: tests/ops/test_gated.py runs it in fsdp and tp (too wide for the op-zoo run)."""
+    b = Builder(rng, (n_in,), opset=20)
+    h = b.gemm("x", n_in, hidden)
+    h = b.op("Sin", [b.op("Mul", [h, b.op("Sigmoid", [h])])])
+    h = b.op("Softplus", [b.op("HardSwish", [h])])
+    h = b.op("Log", [b.op("Add", [h, b.const(np.float32(0.1))])])
+    h = b.op("Gelu", [b.gemm(h, hidden, 16)])
+    return b.build(b.gemm(h, 16, n_out)), b.input_shape
+
+
+TP_ZOO.update({"tp_smooth_chain": tp_smooth_chain})
+
+
 # MaxPool and Pad (runtime/ops/pooling.py, runtime/ops/layout.py)
 def maxpool_cnn(rng):
     """Conv -> ReLU -> MaxPool (3x3, stride 2, pads 1: overlapping windows) -> Conv -> ReLU ->

@@ -5,8 +5,8 @@ by the schema version the model's opset selects (`onnx.defs.get_schema(op,
 max_inclusive_version=opset).since_version`), so an op whose signature changed between opsets
 (Squeeze's axes moved from an attribute to an input in opset 13) gets the right handler.
 Each op family lives in its own module, named as its kernels' module under runtime/ops/
-(linear, conv, pooling, activation, arithmetic, layout); importing this package registers
-them all. Registering one (domain, op, version) twice is an error at import.
+(linear, conv, pooling, activation, arithmetic, layout, smooth, exponential, periodic, gated);
+importing this package registers them all. Registering one (domain, op, version) twice is an error at import.
 """
 
 from __future__ import annotations
@@ -39,6 +39,40 @@ def register(op_type: str, since: int = 1, domain: str = "", constant_output: bo
     return wrap
 
 
+_PRODUCTS: list[Handler] = []
+
+
+def register_product(fn: Handler) -> Handler:
+    """Register a lowering of `Mul(a, b)` for two computed tensors of a special form (x *
+    sigmoid(x) -> silu, x * x -> pow, ...): `fn(ctx, node, a, b)` lowers the node and returns
+    True, or returns False (emitting nothing) when the operands are not its form. The
+    arithmetic family's Mul tries every registered one, in order, before it gives up; what a
+    fused pattern leaves unused is dropped at the end of the import (frontend.py)."""
+    _PRODUCTS.append(fn)
+    return fn
+
+
+def lower_product(ctx, node, a, b) -> bool:
+    """Whether a registered product pattern lowered `Mul(a, b)` (a, b computed)."""
+    return any(fn(ctx, node, a, b) for fn in _PRODUCTS)
+
+
+_QUOTIENTS: list[Handler] = []
+
+
+def register_quotient(fn: Handler) -> Handler:
+    """Register a lowering of `Div(a, b)` with a computed divisor b of a special form (c / x
+    is c * reciprocal(x), x / (1 + |x|) is softsign): `fn(ctx, node, a, b)` (a a constant
+    array or computed) lowers the node and returns True, or returns False."""
+    _QUOTIENTS.append(fn)
+    return fn
+
+
+def lower_quotient(ctx, node, a, b) -> bool:
+    """Whether a registered quotient pattern lowered `Div(a, b)` (b computed)."""
+    return any(fn(ctx, node, a, b) for fn in _QUOTIENTS)
+
+
 def supported_ops() -> list[str]:
     return sorted(op for (_, op) in _REGISTRY)
 
@@ -67,5 +101,5 @@ def find_handler(op_type: str, opset: int, domain: str = "") -> Handler | None:
 
 
 # Register every op family (imported for their side effect on _REGISTRY).
-from shardbound.compiler.lowering import (activation, arithmetic, conv, layout, linear,  # noqa: E402,F401
-                                           pooling, smooth)
+from shardbound.compiler.lowering import (activation, arithmetic, conv, exponential,  # noqa: E402,F401
+                                           gated, layout, linear, periodic, pooling, smooth)

@@ -1,12 +1,14 @@
 """The arithmetic family: arithmetic with constants (-> `affine`: Add, Sub, Mul, Div, Neg,
 BatchNormalization in inference as a per-channel affine that canonicalize folds into the layer
-before it) and sums of computed tensors (-> `add`)."""
+before it) and sums of computed tensors (-> `add`). A product of two computed tensors goes to
+the product patterns other families register (`register_product`: x * sigmoid(x) is silu), a
+division by one to their quotient patterns (`register_quotient`: c / x is a reciprocal)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from shardbound.compiler.lowering import register
+from shardbound.compiler.lowering import lower_product, lower_quotient, register
 
 
 def _affine(ctx, node, x, scale=None, shift=None):
@@ -58,15 +60,21 @@ def lower_sub(ctx, node):
 def lower_mul(ctx, node):
     x, other, _ = _binary(ctx, node)
     if not isinstance(other, np.ndarray):
+        if lower_product(ctx, node, x, other):      # x * sigmoid(x), x * x, ...
+            return
         raise ctx.error("the product of two computed tensors is not linear and is not "
-                        "supported; only multiplication by constants")
+                        "supported; only multiplication by constants (and the forms of x * f(x) "
+                        "that fuse: silu, gelu, hardswish, powers)")
     _affine(ctx, node, x, scale=other)
 
 
 @register("Div", since=1)
 def lower_div(ctx, node):
-    if ctx.is_const(node.inputs[0]):
-        raise ctx.error("division by a computed tensor is not supported; only x / constant")
+    if not ctx.is_const(node.inputs[1]):
+        if lower_quotient(ctx, node, ctx.value(node.inputs[0]), ctx.computed(node.inputs[1])):
+            return                                  # c / x, x / (1 + |x|), ...
+        raise ctx.error("division by a computed tensor is not supported; only x / constant "
+                        "(and c / x, x / (1 + |x|))")
     x = ctx.computed(node.inputs[0])
     c = ctx.const(node.inputs[1], "divisor").astype(np.float64)
     if np.any(c == 0):

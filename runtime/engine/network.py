@@ -8,6 +8,8 @@ sigmoid, a max-pool: any op whose `relaxed` trait is set) get their bounds first
 topological order, by CROWN or IBP as the compiler's bound plan says. CROWN is not always
 tighter than IBP (deep nets, wide boxes), and both are sound, so every CROWN bound -- the
 intermediate ones and the final one -- is intersected with the IBP bound of the same node.
+Bounds may be infinite (an op whose input box leaves its domain); NaN, which arithmetic on
+them can make, becomes the vacuous bound after every IBP step and CROWN pass (`_vacuous_nan`).
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ class Network:
     def ibp_all(self, lower: torch.Tensor, upper: torch.Tensor) -> dict[str, Bounds]:
         bounds: dict[str, Bounds] = {}
         for n in self.nodes:
-            bounds[n.name] = n.ibp(*(bounds[i] for i in n.inputs)) if n.inputs else (lower, upper)
+            bounds[n.name] = (_vacuous_nan(n.ibp(*(bounds[i] for i in n.inputs))) if n.inputs
+                              else (lower, upper))
             n.release()
             self.ledger.set("bounds", tensor_bytes(t for b in bounds.values() for t in b))
         return bounds
@@ -107,8 +110,8 @@ class Network:
         refine = self.refine_ibp and "ibp" in self.intermediate.values()
         for n in self.nodes:
             if refine:
-                refined[n.name] = (n.ibp(*(refined[i] for i in n.inputs)) if n.inputs
-                                   else (lower, upper))
+                refined[n.name] = (_vacuous_nan(n.ibp(*(refined[i] for i in n.inputs)))
+                                   if n.inputs else (lower, upper))
                 n.release()
             how = self.intermediate.get(n.name)
             if how is None:
@@ -223,8 +226,8 @@ class Network:
         lo, hi = out_bounds[0].reshape(B, -1), out_bounds[1].reshape(B, -1)
         if C is None:
             return lo, hi
-        return _interval_matvec(self._spec_matrix(C, B).reshape(B, -1, lo.shape[1]), lo, hi,
-                                self.order)
+        return _vacuous_nan(_interval_matvec(self._spec_matrix(C, B).reshape(B, -1, lo.shape[1]),
+                                             lo, hi, self.order))
 
     def crown_node(self, node: Op, lower, upper, known, index=None) -> Bounds:
         """CROWN bounds of every neuron of `node` (an identity A-matrix), reshaped to it; with
@@ -306,7 +309,8 @@ class Network:
         lo = self._concretize(lA, lower, upper, lower_side=True) + l_bias
         hi = None if uA is None else self._concretize(uA, lower, upper, lower_side=False) + u_bias
         self.ledger.set("a_matrix", 0)      # this pass's A-matrices are dropped now
-        return lo, hi
+        lo = torch.where(torch.isnan(lo), -math.inf, lo)
+        return lo, None if hi is None else torch.where(torch.isnan(hi), math.inf, hi)
 
     def _concretize(self, A, lower, upper, lower_side: bool) -> torch.Tensor:
         """min (or max) of A x over the box: A.center -/+ |A|.radius, per row."""
@@ -350,6 +354,14 @@ class Network:
 
             return alpha_crown(self, lower, upper, C)
         raise ShardboundError(f"unknown bound method {method!r}; choose one of {', '.join(METHODS)}")
+
+
+def _vacuous_nan(b: Bounds) -> Bounds:
+    """NaN -> the vacuous bound. Interval arithmetic on infinite bounds (an op whose input
+    leaves its domain: log near 0, a reciprocal across 0) makes NaN (inf - inf, 0 * inf)
+    where nothing is known; -inf / +inf says so soundly. Identity on finite bounds."""
+    lo, hi = b
+    return torch.where(torch.isnan(lo), -math.inf, lo), torch.where(torch.isnan(hi), math.inf, hi)
 
 
 def _intersect(a: Bounds, b: Bounds) -> Bounds:

@@ -3,9 +3,11 @@ system reads (runtime/ops/base.py) and, when nonlinear, its relaxation
 (runtime/ops/relaxation.py).
 
 Families (each with a lowering module of the same name under compiler/lowering/): linear,
-conv, pooling, activation, arithmetic, layout. `OP_TYPES` maps IR op kinds to classes; the
-generated program names classes as `ops.<Class>`, which resolves any registered kernel
-(the module `__getattr__` below): a new op needs no line here.
+conv, pooling, activation, arithmetic, layout, smooth, exponential, periodic, gated. Shared
+machinery: base.py (Op, traits, registry), relaxation.py (the relaxation interface),
+intercepts.py (lines with computed intercepts, for the smooth functions). `OP_TYPES` maps IR
+op kinds to classes; the generated program names classes as `ops.<Class>`, which resolves any
+registered kernel (the module `__getattr__` below): a new family needs one import line here.
 
 May import: torch, `runtime.numerics`, `runtime.errors`. Nothing above them.
 """
@@ -17,8 +19,9 @@ from shardbound.runtime.ops.linear import Linear
 from shardbound.runtime.ops.conv import Conv2d
 from shardbound.runtime.ops.arithmetic import Add, Affine
 from shardbound.runtime.ops.activation import Relu
-from shardbound.runtime.ops.smooth import Sigmoid, Tanh
+from shardbound.runtime.ops.smooth import Erf, Sigmoid, Softsign, Tanh  # noqa: F401
 from shardbound.runtime.ops.pooling import MaxPool2d
+from shardbound.runtime.ops import exponential, gated, periodic  # noqa: F401  (registering)
 
 __all__ = ["OP_TYPES", "Bounds", "NodeFacts", "Op", "register_op", "ElementwiseRelaxation",
            "Lines", "Input", "Pad", "Reshape", "Transpose", "Linear", "Conv2d", "Add", "Affine",

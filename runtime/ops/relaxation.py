@@ -20,6 +20,10 @@ Splittable ops (`splittable`): branch and bound may split the op's input at 0 (x
 child, x <= 0 on the other), after which the op is linear on each child; `branch_slack(l, u)`
 scores how much relaxation slack a split removes.
 
+Lines that do not exist (log near 0, a reciprocal across 0: no finite line bounds f there) have
+infinite intercepts; a relaxation that may give them declares `infinite_lines`, and the CROWN
+step then counts them apart, with 0 * inf = 0 (`_dot_infinite`).
+
 Which neurons need input bounds at all: `inexact_inputs(in_bounds)` marks, per input, the
 elements whose relaxation is not exact under the given bounds (a stable ReLU neuron is exact
 whatever its bounds): CROWN spends its rows only on those.
@@ -108,6 +112,27 @@ class ElementwiseRelaxation(Op):
                 continue
             coef = A - pos if coef is None else coef
             flat = icpt.reshape(icpt.shape[0], icpt.shape[1], math.prod(icpt.shape[2:]))
-            term = self._dot(coef.reshape(B, S, flat.shape[-1]), flat)
+            coef = coef.reshape(B, S, flat.shape[-1])
+            if getattr(self, "infinite_lines", False):
+                term = self._dot_infinite(coef, flat)
+            else:
+                term = self._dot(coef, flat)
             bias = term if bias is None else bias + term
         return A_in, bias
+
+    def _dot_infinite(self, coef, icpt):
+        """sum(coef * icpt) where intercepts may be infinite (a line that does not exist: log
+        near 0, a reciprocal across 0), with 0 * inf = 0: the finite intercepts through the
+        node's own dot, the infinite ones counted by two more dots (so a tp zone counts them
+        across ranks; the trait is per class, so every rank makes the same calls). A sound
+        line never makes the count come out both ways; if it did, -inf wins."""
+        finite = torch.isfinite(icpt)
+        part = self._dot(coef, torch.where(finite, icpt, torch.zeros_like(icpt)))
+        ones = torch.ones_like(icpt)
+        with torch.no_grad():
+            down = ((coef > 0) & (icpt == -math.inf)) | ((coef < 0) & (icpt == math.inf))
+            up = ((coef > 0) & (icpt == math.inf)) | ((coef < 0) & (icpt == -math.inf))
+            n_down = self._dot(down.to(coef.dtype), ones)
+            n_up = self._dot(up.to(coef.dtype), ones)
+        part = torch.where(n_up > 0, torch.full_like(part, math.inf), part)
+        return torch.where(n_down > 0, torch.full_like(part, -math.inf), part)

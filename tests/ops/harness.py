@@ -8,7 +8,8 @@ makes the tests every family file runs on its cases.
 - soundness (at the case's first opset: the variants differ in lowering, not in the kernel):
   IBP, CROWN and alpha-CROWN bounds contain 10,000 sampled outputs (a quarter on
   box corners) and a projected-gradient search's, on boxes of every kind (narrow, wide,
-  crossing the kinks, deep in saturated regions, degenerate coordinates with lower == upper);
+  crossing the kinks, deep in saturated regions, degenerate coordinates with lower == upper;
+  for ops with a domain, the same kinds inside x > 0 or x < 0: `OpCase.domain`);
   CROWN's bounds are never looser than IBP's and alpha-CROWN's lower bounds never below
   CROWN's.
 
@@ -47,6 +48,7 @@ class OpCase:
     boxes: tuple[str, ...] = BOX_KINDS
     methods: tuple[str, ...] = METHODS
     scale: float = 1.0                  # the input scale of boxes and forward samples
+    domain: str = "real"                # "positive" / "negative": boxes inside x > 0 / x < 0
     rtol: float = 1e-4
     atol: float = 1e-5
 
@@ -54,9 +56,14 @@ class OpCase:
         return f"{self.name}-op{opset}"
 
 
-def make_box(kind: str, rng: np.random.Generator, shape, scale: float = 1.0):
-    """(lo, hi) float32 of one box kind."""
+def make_box(kind: str, rng: np.random.Generator, shape, scale: float = 1.0,
+             domain: str = "real"):
+    """(lo, hi) float32 of one box kind; `domain` "positive" / "negative" keeps the box inside
+    x > 0 / x < 0 (ops with a domain: log, sqrt, a reciprocal), with the kinds read there."""
     shape = tuple(shape)
+    if domain != "real":
+        lo, hi = _positive_box(kind, rng, shape, scale)
+        return (lo, hi) if domain == "positive" else (-hi, -lo)
     center = rng.uniform(-1, 1, size=shape) * scale
     if kind == "narrow":
         radius = np.full(shape, 1e-3 * scale)
@@ -78,16 +85,65 @@ def make_box(kind: str, rng: np.random.Generator, shape, scale: float = 1.0):
     return lo, np.maximum(hi, lo)
 
 
-def sandwich(rng, opset: int, input_shape, apply, width: int = 12, outputs: int = 3):
+def _positive_box(kind: str, rng: np.random.Generator, shape, scale: float):
+    """The box kinds inside x > 0: narrow; wide; near 0 (where log, sqrt and 1 / x bend
+    hardest: "kinks"); far out ("saturated"); half the coordinates fixed."""
+    if kind == "narrow":
+        center = np.exp(rng.uniform(np.log(0.05), np.log(3.0), size=shape)) * scale
+        lo, hi = center * (1 - 1e-3), center * (1 + 1e-3)
+    elif kind == "wide":
+        lo = rng.uniform(1e-3, 0.05, size=shape) * scale
+        hi = lo + rng.uniform(1.0, 3.0, size=shape) * scale
+    elif kind == "kinks":
+        lo = rng.uniform(1e-4, 1e-2, size=shape) * scale
+        hi = rng.uniform(0.3, 1.0, size=shape) * scale
+    elif kind == "saturated":
+        center = rng.uniform(4, 10, size=shape) * scale
+        radius = rng.uniform(0.2, 1.0, size=shape) * scale
+        lo, hi = center - radius, center + radius
+    elif kind == "degenerate":
+        center = rng.uniform(0.2, 2.0, size=shape) * scale
+        radius = rng.uniform(0.1, 0.5, size=shape) * center
+        radius[rng.uniform(size=shape) < 0.5] = 0.0
+        lo, hi = center - radius, center + radius
+    else:
+        raise ValueError(kind)
+    lo, hi = lo.astype(np.float32), hi.astype(np.float32)
+    return lo, np.maximum(hi, lo)
+
+
+def into_domain(domain: str):
+    """A `prepare` for `sandwich`: maps a Gemm's output into (0.01, 2.01) (positive) or its
+    mirror (negative) with a Sigmoid, so the op's second use stays inside its domain;
+    "bounded": into (-3, 3) with a Tanh (exp after exp would overflow)."""
+    if domain == "real":
+        return None
+    if domain == "bounded":
+        return lambda b, h, shape: b.op("Mul", [b.op("Tanh", [h]), b.const(np.float32(3))])
+    sign = 1.0 if domain == "positive" else -1.0
+
+    def prepare(b, h, shape):
+        h = b.op("Sigmoid", [h])
+        return b.op("Add", [b.op("Mul", [h, b.const(np.float32(2 * sign))]),
+                            b.const(np.float32(0.01 * sign))])
+
+    return prepare
+
+
+def sandwich(rng, opset: int, input_shape, apply, width: int = 12, outputs: int = 3,
+             prepare=None):
     """x -> apply(op) -> Flatten -> Gemm -> apply(op) -> Gemm: the op under test once on the
     input itself and once behind a linear layer. `apply(builder, tensor, shape) -> (tensor,
-    shape)` adds the op (with whatever constants it needs)."""
+    shape)` adds the op (with whatever constants it needs); `prepare(builder, tensor, shape)`,
+    when given, maps the linear layer's output before the second use (`into_domain`)."""
     b = zoo.Builder(rng, input_shape, opset=opset)
     h, shape = apply(b, "x", (1, *input_shape))
     if len(shape) != 2:
         h = b.op("Flatten", [h], axis=1)
     n = int(np.prod(shape[1:]))
     h = b.gemm(h, n, width)
+    if prepare is not None:
+        h = prepare(b, h, (1, width))
     h, shape = apply(b, h, (1, width))
     if len(shape) != 2:
         h = b.op("Flatten", [h], axis=1)
@@ -144,7 +200,7 @@ def check_forward(case: OpCase, opset: int) -> None:
     name = model.graph.input[0].name
     refs = references(model, case.reference)
     for kind in BOX_KINDS:                  # inputs from every region the boxes visit
-        lo, hi = make_box(kind, rng, verifier.input_shape, case.scale)
+        lo, hi = make_box(kind, rng, verifier.input_shape, case.scale, case.domain)
         x = (lo + rng.uniform(size=lo.shape) * (hi - lo)).astype(np.float32)[None]
         got = verifier.forward(torch.from_numpy(x)).numpy().reshape(-1)
         for ref_name, ref in refs:
@@ -156,7 +212,7 @@ def check_forward(case: OpCase, opset: int) -> None:
 def check_sound(case: OpCase, opset: int, kind: str) -> None:
     verifier, _ = compiled(case, opset)
     rng = np.random.default_rng(zlib.crc32(f"{case.name}/{kind}".encode()))
-    lo, hi = make_box(kind, rng, verifier.input_shape, case.scale)
+    lo, hi = make_box(kind, rng, verifier.input_shape, case.scale, case.domain)
     values = witness_values(flat_forward(verifier), torch.from_numpy(lo), torch.from_numpy(hi))
     results = {}
     for method in case.methods:

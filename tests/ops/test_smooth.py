@@ -1,4 +1,5 @@
-"""The smooth family (runtime/ops/smooth.py, compiler/lowering/smooth.py): Sigmoid and Tanh.
+"""The smooth family (runtime/ops/smooth.py, compiler/lowering/smooth.py): Sigmoid, Tanh, Erf,
+Softsign (and torch's export of it, Div(x, Add(Abs(x), 1))).
 
 - the harness cases (forward vs onnxruntime / onnx.reference per opset, IBP / CROWN /
   alpha-CROWN sound on every box kind), once at unit input scale and once at scale 4 (deep
@@ -32,13 +33,17 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from harness import OpCase, generate, sandwich  # noqa: E402
 
-from shardbound.runtime.ops.smooth import ALPHA_SPAN, Sigmoid, Tanh  # noqa: E402
+from shardbound.runtime.ops.smooth import ALPHA_SPAN, Erf, Sigmoid, Softsign, Tanh  # noqa: E402
 
 
 def _unary(op):
     def apply(b, x, shape):
         return b.op(op, [x]), shape
     return apply
+
+
+def _softsign_export(b, x, shape):      # torch: Div(x, Add(Abs(x), 1))
+    return b.op("Div", [x, b.op("Add", [b.op("Abs", [x]), b.const(np.float32(1))])]), shape
 
 
 CASES = [
@@ -49,11 +54,17 @@ CASES = [
     OpCase("sigmoid_x4", "Sigmoid", lambda rng, o: sandwich(rng, o, (8,), _unary("Sigmoid")),
            scale=4.0),
     OpCase("tanh_x4", "Tanh", lambda rng, o: sandwich(rng, o, (8,), _unary("Tanh")), scale=4.0),
+    OpCase("erf", "Erf", lambda rng, o: sandwich(rng, o, (8,), _unary("Erf")), opsets=(9, 13)),
+    OpCase("erf_x4", "Erf", lambda rng, o: sandwich(rng, o, (8,), _unary("Erf")), scale=4.0),
+    OpCase("softsign", "Softsign", lambda rng, o: sandwich(rng, o, (8,), _unary("Softsign")),
+           opsets=(7, 22)),
+    OpCase("softsign_export", "Div", lambda rng, o: sandwich(rng, o, (8,), _softsign_export),
+           scale=4.0),
 ]
 
 generate(CASES, globals())
 
-KERNELS = {"sigmoid": Sigmoid, "tanh": Tanh}
+KERNELS = {"sigmoid": Sigmoid, "tanh": Tanh, "erf": Erf, "softsign": Softsign}
 
 
 def _sigmoid_reference(x):
@@ -62,7 +73,14 @@ def _sigmoid_reference(x):
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
 
 
-REFERENCE = {"sigmoid": _sigmoid_reference, "tanh": np.tanh}
+def _erf_reference(x):
+    import math
+
+    return np.asarray(np.frompyfunc(math.erf, 1, 1)(x), dtype=np.float64)
+
+
+REFERENCE = {"sigmoid": _sigmoid_reference, "tanh": np.tanh, "erf": _erf_reference,
+             "softsign": lambda x: x / (1 + np.abs(x))}
 
 
 def _kernel(name):
@@ -216,7 +234,7 @@ def test_position_does_not_change_bits():
     zones hold channel slices, fsdp rows): torch.sigmoid's would (vector body vs tail)."""
     rng = np.random.default_rng(3)
     lo, hi = _intervals(rng, n=50)
-    for kernel in (_kernel("sigmoid"), _kernel("tanh")):
+    for kernel in (_kernel(name) for name in KERNELS):
         whole = _lines(kernel, lo, hi)
         for start in (1, 7, 333):
             part = _lines(kernel, lo[start:start + 37], hi[start:start + 37])

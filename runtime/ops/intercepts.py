@@ -1,0 +1,462 @@
+"""Sound lines for an elementwise function given piece by piece: chosen slopes, computed
+intercepts. The machinery the smooth, exponential, periodic and gated families share; their
+kernels only declare a function (not a family: no lowering module of this name).
+
+The idea: a line's slope w may be chosen freely -- by CROWN's rule, or by alpha-CROWN -- and
+its intercept is then *computed*: the tightest sound lower intercept over [l, u] is min over x
+in [l, u] of g(x) = f(x) - w x, the upper one the max. So soundness never rests on how a slope
+was found (a bisection that stopped early, an optimiser step, a chord slope that lost its digits
+to cancellation on a narrow interval). The minimum is found piece by piece, on intervals where f
+is convex, concave or linear: where the function to minimise (g, or -g for the maximum) is
+concave, its minimum is at an endpoint; where it is convex, at the point where f'(x) = w (closed
+forms per function, or a bisection: f' is monotone on a piece) or an endpoint, and a tangent
+inequality turns the value at any such candidate into a rigorous bound (a touching point
+computed a little off costs a second-order amount, never soundness). At a piece boundary f may
+have a kink: each piece's tangents use that piece's own derivative (`piece_df64`).
+
+Numerics: everything is computed in float64 from the float32 bounds; slopes are rounded to
+float32 first and the intercepts are computed for the float32 slope, less a float64 error
+margin (`err64`: the evaluation error of f, EPS per term by default; `piece_err`: a bound per
+unit of width where piece boundaries are known only to float64 precision, see the gated and
+periodic families), and rounded outward to float32 (down for the lower line, up for the upper),
+so the float32 lines are sound in real arithmetic. Kernels use only float64 functions whose
+bits do not depend on an element's position in a tensor (measured: exp, expm1, log, sqrt, sin,
+cos, tanh, erf, erfc, acos and the IEEE operations; not torch's sigmoid, log1p, softplus or pow
+with a fractional exponent: vector body vs scalar tail), which tp's bitwise promise needs.
+
+Special intervals get constant lines, [min f, max f] over [l, u] (`range64`): lower == upper
+(the point itself), infinite or huge (|x| > `sloped_limit`) bounds, intervals that leave the
+function's domain (`domain64`: log on l <= 0, a reciprocal across 0), and lines whose slope or
+intercept overflows float32 (exp of large bounds). Those constants are infinite where f is
+unbounded on [l, u] or may be NaN there (an input box that reaches log's negative side): an
+infinite bound is never wrong; NaN never appears (`infinite_lines`: the CROWN step counts
+infinite intercepts apart, relaxation.py).
+
+CROWN's slopes (`default_slopes64`): on an interval where f has one curvature, the tangent at
+the midpoint and the chord (Zhang et al. 2018); otherwise the supporting lines of f's convex
+(lower) and concave (upper) envelopes over [l, u] at the midpoint, found by bisection on the
+slope (the touching point of the line with slope w moves monotonically with w). That rule is
+the one that minimises the area between the line and f, and gives the classic choices on
+intervals of one curvature and for S-shaped functions (the tangent through the far endpoint).
+
+alpha-CROWN optimises both slopes: alpha (B, S, 2, *shape) in [0, ALPHA_SPAN]^2 maps to slopes
+smin + alpha / ALPHA_SPAN (smax - smin) where [smin, smax] is the range of f' over [l, u]
+(which holds every tangent slope and, by the mean value theorem, every chord slope), entry 0
+for the lower line and 1 for the upper one. The intercepts follow the slopes; their gradient is
+-x* (x* the point where the line touches: the envelope theorem), passed straight through the
+outward rounding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from shardbound.runtime.ops.relaxation import ElementwiseRelaxation, Lines
+
+F64 = torch.float64
+EPS = 2.0 ** -46        # relative float64 error allowed per evaluated term (64 ulps)
+TINY = 2.0 ** -126      # absolute slack: the smallest normal float32 (no denormal intercepts)
+HUGE = 2.0 ** 32        # beyond this a line buys nothing over the constant bounds
+BISECTION_STEPS = 48    # S-shaped CROWN tangent points (smooth.py; any result is sound)
+TOUCH_STEPS = 32        # touching points by bisection: off by 2^-32 of the piece, which
+                        # loosens a bound by ~ f'' width^2 2^-32 (any result is sound)
+ENVELOPE_STEPS = 20     # CROWN's slopes of a mixed-curvature interval: the line's value at
+                        # the midpoint is flat near the optimum (any result is sound)
+# alpha lives in [0, ALPHA_SPAN]^2: the shared optimiser's step (lr 0.25, tuned for ReLU
+# slopes in [0, 1]) is then 1/48 of the slope range. Measured (20 steps; sigmoid_mlp,
+# tanh_mlp, tp_sigmoid; 36 boxes): total gain of the margins over CROWN 15.4 with span 1,
+# 18.6 (4), 19.7 (8), 19.9 (12), 19.8 (16), 18.5 (64): big first steps overshoot an
+# optimum that lies near CROWN's slopes.
+ALPHA_SPAN = 12.0
+INF = math.inf
+
+
+def round_down(x64: torch.Tensor) -> torch.Tensor:
+    """The largest float32 <= x64, one more ulp down."""
+    y = x64.to(torch.float32)
+    y = torch.where(y.to(F64) > x64, torch.nextafter(y, y.new_tensor(-math.inf)), y)
+    return torch.nextafter(y, y.new_tensor(-math.inf))
+
+
+def round_up(x64: torch.Tensor) -> torch.Tensor:
+    """The smallest float32 >= x64, one more ulp up."""
+    y = x64.to(torch.float32)
+    y = torch.where(y.to(F64) < x64, torch.nextafter(y, y.new_tensor(math.inf)), y)
+    return torch.nextafter(y, y.new_tensor(math.inf))
+
+
+def to_slope(w64: torch.Tensor) -> torch.Tensor:
+    """float32 slope (differentiable); denormals flushed to 0 (any slope is sound)."""
+    w = w64.to(torch.float32)
+    return torch.where(w.abs() < TINY, torch.zeros_like(w), w)
+
+
+def bisect(fn, a, b, steps: int = BISECTION_STEPS):
+    """The root of an increasing fn on [a, b] (elementwise, fixed steps; deterministic)."""
+    for _ in range(steps):
+        m = (a + b) / 2
+        above = fn(m) > 0
+        b, a = torch.where(above, m, b), torch.where(above, a, m)
+    return (a + b) / 2
+
+
+def _margin(v: torch.Tensor) -> torch.Tensor:
+    """EPS |v| + TINY for finite v, 0 for infinite v (an infinite bound needs no margin)."""
+    return torch.where(torch.isfinite(v), EPS * v.abs() + TINY, torch.zeros_like(v))
+
+
+def _no_nan(v: torch.Tensor, fill: float) -> torch.Tensor:
+    return torch.where(torch.isnan(v), torch.full_like(v, fill), v)
+
+
+def _clip_low(x, bound):
+    return x.clamp(min=bound) if not isinstance(bound, torch.Tensor) else torch.maximum(x, bound)
+
+
+def _clip_high(x, bound):
+    return x.clamp(max=bound) if not isinstance(bound, torch.Tensor) else torch.minimum(x, bound)
+
+
+class Pointwise(torch.autograd.Function):
+    """y = kernel.value(x) with dy/dx = kernel.grad(x): for forwards whose autograd graph
+    would hold NaN (a torch.where over a branch that overflows) or whose torch op is
+    position-dependent; both are computed in float64 and rounded."""
+
+    @staticmethod
+    def forward(ctx, x, kernel):
+        ctx.save_for_backward(x)
+        ctx.kernel = kernel
+        return kernel.f64(x.to(F64)).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        d = ctx.kernel.df64(x.to(F64)).to(x.dtype)
+        return grad * d, None
+
+
+class InterceptRelaxation(ElementwiseRelaxation):
+    """An elementwise f relaxed by lines with chosen slopes and computed intercepts (see the
+    module docstring). A subclass gives f and f' in float64 (`f64`, `df64`; the limits at
+    +-inf, never NaN where f is defined), its pieces, and optionally closed forms for the
+    points where f' equals a slope (`touch64`), CROWN's slopes (`default_slopes64`), its
+    domain (`domain64`), its range on an interval (`range64`) and its extrema
+    (`critical_points`)."""
+
+    tp_roles = ("elementwise",)
+    has_alpha = True
+    increasing = True           # nondecreasing: IBP is [f(l), f(u)]
+    decreasing = False          # nonincreasing: [f(u), f(l)]; neither: `critical_points`
+    # (start, stop, "convex" | "concave" | "linear") covering the real line, in order
+    pieces: tuple[tuple[float, float, str], ...] = ()
+    global_curvature: str | None = None     # "convex" / "concave" on the whole line
+    critical_points: tuple[float, ...] = ()     # local extrema of a non-monotone f
+    value_range: tuple[float, float] = (-INF, INF)
+    sloped_limit = HUGE
+    piece_err = 0.0             # tangent error per unit of width (approximate boundaries)
+    probe = (0.0, 1.0)          # a harmless interval for elements that get constant lines
+
+    @property
+    def infinite_lines(self) -> bool:
+        """Lines may have infinite intercepts where f is unbounded (relaxation.py)."""
+        return not (math.isfinite(self.value_range[0]) and math.isfinite(self.value_range[1]))
+
+    @classmethod
+    def summation_note(cls, facts, sums):
+        return f"bias A.intercept over {sums(math.prod(facts.shape))}"
+
+    # -- what a function declares (float64 in, float64 out) --------------------------------
+    def f64(self, x):
+        raise NotImplementedError
+
+    def df64(self, x):
+        raise NotImplementedError
+
+    def piece_df64(self, x, index: int):
+        """The derivative of piece `index`'s own formula (one-sided at a kink)."""
+        return self.df64(x)
+
+    def err64(self, x, fx):
+        """A bound on |f64(x) - f(x)| (default: EPS relative)."""
+        return EPS * fx.abs()
+
+    def derr64(self, x, df):
+        """A bound on the error of piece_df64 at x (default: EPS relative; a derivative that
+        is a sum of terms of both signs, like gelu's, bounds it by the terms)."""
+        return EPS * df.abs()
+
+    def pieces64(self, lo, hi):
+        """The pieces over [lo, hi]: (start, stop, curvature), floats or tensors; a
+        curvature tensor is True where convex (periodic functions)."""
+        return self.pieces
+
+    def touch64(self, w, index: int, a, c):
+        """A point of piece `index` within [a, c] where f'(x) = w, or any point of it where
+        there is none (it is clamped into the interval and only has to be close for
+        tightness). Default: bisection (f' is monotone on a piece)."""
+        da, dc = self.piece_df64(a, index), self.piece_df64(c, index)
+        sign = torch.where(dc >= da, torch.ones_like(w), -torch.ones_like(w))
+        return bisect(lambda x: sign * (self.piece_df64(x, index) - w), a, c, TOUCH_STEPS)
+
+    def domain64(self, lo, hi):
+        """Bool: where f is finite and continuous on [lo, hi] (lines may slope there)."""
+        return torch.ones_like(lo, dtype=torch.bool)
+
+    def range64(self, lo, hi):
+        """(min, max) of f over [lo, hi] in float64 (infinite where unbounded or where f may
+        be NaN: never NaN itself)."""
+        f = self.f64
+        if self.increasing:
+            return f(lo), f(hi)
+        if self.decreasing:
+            return f(hi), f(lo)
+        points = [lo, hi] + [torch.minimum(torch.maximum(lo.new_tensor(p), lo), hi)
+                             for p in self.critical_points + self._boundaries()]
+        values = torch.stack([f(p) for p in points])
+        bad = torch.isnan(values).any(dim=0)
+        low, high = torch.amin(values, dim=0), torch.amax(values, dim=0)
+        return torch.where(bad, -INF, low), torch.where(bad, INF, high)
+
+    def _boundaries(self) -> tuple[float, ...]:
+        return tuple(float(s) for s, _, _ in self.pieces[1:])
+
+    # -- IBP ----------------------------------------------------------------------------------
+    def ibp(self, b):
+        lo, hi = b[0].to(F64), b[1].to(F64)
+        rmin, rmax = self.range64(lo, hi)
+        r0, r1 = self.value_range
+        lower = round_down(rmin - _margin(rmin)).clamp(min=r0)
+        upper = round_up(rmax + _margin(rmax)).clamp(max=r1)
+        return lower.to(b[0].dtype), upper.to(b[1].dtype)
+
+    # -- the lines -------------------------------------------------------------------------
+    def relax(self, lo, hi, alpha=None):
+        if alpha is not None:
+            return self._relax(lo, hi, alpha)
+        return self._cached("_default_lines", lo, hi, lambda: self._relax(lo, hi, None))
+
+    def _cached(self, slot: str, lo, hi, compute):
+        """compute() for the last bounds seen in `slot`: CROWN's lines and alpha's slope
+        ranges are asked for once per backward pass through this node, with the same bounds
+        (held, so their storage cannot be reused; an in-place change bumps _version)."""
+        key = tuple((t.data_ptr(), t.shape, t.stride(), t.storage_offset(), t._version, t.dtype,
+                     t.device) for t in (lo, hi))
+        cached = getattr(self, slot, None)
+        if cached is None or cached[0] != key:
+            cached = (key, (lo, hi), compute())
+            setattr(self, slot, cached)
+        return cached[2]
+
+    def sloped64(self, l64, u64):
+        """Where lines may have a slope: finite, not huge, not a point, inside the domain."""
+        finite = (torch.isfinite(l64) & torch.isfinite(u64) & (l64.abs() <= self.sloped_limit)
+                  & (u64.abs() <= self.sloped_limit))
+        return finite & (l64 < u64) & self.domain64(l64, u64)
+
+    def _probe(self, sloped, l64, u64):
+        p0, p1 = self.probe
+        return (torch.where(sloped, l64, torch.full_like(l64, p0)),
+                torch.where(sloped, u64, torch.full_like(u64, p1)))
+
+    def _relax(self, lo, hi, alpha):
+        l64 = lo.to(F64)
+        # (lower > upper: an empty branch-and-bound domain; the point l: any finite lines do)
+        u64 = torch.maximum(hi.to(F64), l64)
+        sloped = self.sloped64(l64, u64)
+        L, U = self._probe(sloped, l64, u64)
+        zero = torch.zeros_like(l64)
+        if alpha is None:
+            wl, wu = self.default_slopes64(L, U)
+        else:
+            a = alpha.to(F64)
+            span = self._cached("_slope_ranges", lo, hi, lambda: self.slope_range64(L, U))
+            wl = self.alpha_slopes64(L, U, a[:, :, 0], span)
+            wu = self.alpha_slopes64(L, U, a[:, :, 1], span)
+        wl32 = to_slope(torch.where(sloped, wl, zero))
+        wu32 = to_slope(torch.where(sloped, wu, zero))
+        rmin, rmax = self.range64(l64, u64)
+        r0, r1 = self.value_range
+        out = []
+        for side, w32, const in ((1.0, wl32, rmin), (-1.0, wu32, rmax)):
+            b64, x_arg = self._intercept64(L, U, w32.detach().to(F64), side)
+            const = const - side * _margin(const)
+            b64 = torch.where(sloped, b64, const)
+            rounded = round_down if side > 0 else round_up
+            b32 = rounded(b64)
+            # a slope or an intercept beyond float32: the constant line instead
+            bad = sloped & ~(torch.isfinite(b32) & torch.isfinite(w32.detach()))
+            if bool(bad.any()):
+                w32 = torch.where(bad, torch.zeros_like(w32), w32)
+                b32 = torch.where(bad, rounded(const), b32)
+            # a constant line may stop at the function's range (f lies inside it)
+            flat = b32.clamp(min=r0) if side > 0 else b32.clamp(max=r1)
+            b32 = torch.where(w32.detach() == 0, flat, b32)
+            if w32.requires_grad:       # d(intercept)/d(slope) = -x*, forward bits unchanged
+                x_arg = torch.where(sloped & ~bad, x_arg, zero).to(torch.float32)
+                b32 = b32 + (w32 - w32.detach()) * (-x_arg)
+            out.append((w32, b32))
+        return Lines(out[0][0], out[0][1], out[1][0], out[1][1])
+
+    def _pieces_within(self, lo, hi):
+        """(index, a, c, inside, curvature) per piece: [a, c] = the piece within [lo, hi]."""
+        for index, (start, stop, curvature) in enumerate(self.pieces64(lo, hi)):
+            a, c = _clip_low(lo, start), _clip_high(hi, stop)
+            inside = a <= c
+            yield index, torch.where(inside, a, lo), torch.where(inside, c, lo), inside, curvature
+
+    def slope_range64(self, lo, hi):
+        """[min, max] of f' over [lo, hi]: f' is monotone on each piece, so its extremes are
+        at the ends of the pieces within the interval (each piece's own derivative at a
+        kink). An infinite end (sqrt at 0) is replaced by f' a little inside."""
+        lows, highs = [], []
+        for index, a, c, inside, _ in self._pieces_within(lo, hi):
+            ends = []
+            for x, toward in ((a, c), (c, a)):
+                d = self.piece_df64(x, index)
+                bad = ~torch.isfinite(d)
+                if bool(bad.any()):
+                    d = torch.where(bad, self.piece_df64(x + (toward - x) * 2.0 ** -20, index), d)
+                ends.append(d)
+            lo_d, hi_d = torch.minimum(*ends), torch.maximum(*ends)
+            lows.append(torch.where(inside, lo_d, torch.full_like(lo_d, INF)))
+            highs.append(torch.where(inside, hi_d, torch.full_like(hi_d, -INF)))
+        smin, smax = torch.amin(torch.stack(lows), dim=0), torch.amax(torch.stack(highs), dim=0)
+        # f' still infinite or NaN (a point where f is not differentiable): any finite range
+        ok = torch.isfinite(smin) & torch.isfinite(smax)
+        return torch.where(ok, smin, torch.zeros_like(smin)), torch.where(ok, smax, torch.zeros_like(smax))
+
+    def _intercept64(self, lo, hi, w, side: float):
+        """side +1: a float64 lower bound on min over [lo, hi] of g = f - w x; side -1: an
+        upper bound on its max. Returns (bound, the candidate point where it is attained)."""
+        best = best_x = best_raw = None
+        for index, a, c, inside, curvature in self._pieces_within(lo, hi):
+            width = c - a
+            if isinstance(curvature, str):
+                # h = side * g is convex here: the tangent at any candidate x bounds h on [a, c]
+                # from below; else h is concave (or linear) and its minimum is at an endpoint.
+                h_convex = curvature != "linear" and (curvature == "convex") == (side > 0)
+                bound, raw, raw_x = self._piece_bound(index, a, c, width, w, side, h_convex)
+            else:               # curvature per element: both, chosen per element
+                h_convex = curvature if side > 0 else ~curvature
+                tb, traw, tx = self._piece_bound(index, a, c, width, w, side, True)
+                eb, eraw, ex = self._piece_bound(index, a, c, width, w, side, False)
+                bound = torch.where(h_convex, tb, eb)
+                raw, raw_x = torch.where(h_convex, traw, eraw), torch.where(h_convex, tx, ex)
+            bound = torch.where(inside, bound, torch.full_like(bound, INF))
+            raw = torch.where(inside, raw, torch.full_like(raw, INF))
+            if best is None:
+                best, best_raw, best_x = bound, raw, raw_x
+            else:
+                best = torch.minimum(best, bound)
+                best_x = torch.where(raw < best_raw, raw_x, best_x)
+                best_raw = torch.minimum(best_raw, raw)
+        return side * best, best_x
+
+    def _piece_bound(self, index, a, c, width, w, side, h_convex: bool):
+        """(a lower bound on min of h = side (f - w x) over [a, c], the smallest candidate
+        value of h and its point) for h convex (tangents at a, c and the touching point) or
+        concave (the endpoints). A candidate whose bound is NaN (f' infinite there) is
+        dropped; an h that is NaN (outside f's domain) gives -inf."""
+        points = [a, c]
+        if h_convex:
+            points.append(torch.minimum(torch.maximum(self.touch64(w, index, a, c), a), c))
+        bound = raw = raw_x = None
+        for x in points:
+            fx = self.f64(x)
+            h = side * (fx - w * x)
+            err = self.err64(x, fx) + EPS * (w * x).abs() + TINY
+            if self.piece_err:
+                err = err + self.piece_err * width
+            if h_convex:
+                df = self.piece_df64(x, index)
+                dh = side * (df - w)
+                err = err + (self.derr64(x, df) + EPS * w.abs()) * width
+                b = _no_nan(h + torch.minimum(dh * (a - x), dh * (c - x)) - err, -INF)
+                bound = b if bound is None else torch.maximum(bound, b)
+            else:
+                b = _no_nan(h - err, -INF)
+                bound = b if bound is None else torch.minimum(bound, b)
+            h = _no_nan(h, INF)
+            if raw is None:
+                raw, raw_x = h, x
+            else:
+                raw_x = torch.where(h < raw, x, raw_x)
+                raw = torch.minimum(raw, h)
+        return bound, raw, raw_x
+
+    # -- CROWN's slopes ------------------------------------------------------------------------
+    def curvature64(self, lo, hi):
+        """+1 where f is convex on [lo, hi], -1 where concave, 0 where neither (for lo < hi)."""
+        kind = {"convex": 1, "linear": 1, "concave": -1}
+        if self.global_curvature is not None:
+            return torch.full_like(lo, kind[self.global_curvature])
+        out = torch.zeros_like(lo)
+        for start, stop, curvature in self.pieces64(lo, hi):
+            within = (lo >= start) & (hi <= stop)
+            if isinstance(curvature, str):
+                value = torch.full_like(lo, kind[curvature])
+            else:
+                value = torch.where(curvature, 1.0, -1.0).to(lo.dtype)
+            out = torch.where(within, value, out)
+        return out
+
+    def default_slopes64(self, lo, hi):
+        """CROWN's (lower, upper) slopes for l < u, both finite (see the module docstring)."""
+        f = self.f64
+        chord = (f(hi) - f(lo)) / (hi - lo)
+        m = (lo + hi) / 2
+        mid = self.df64(m)
+        kind = self.curvature64(lo, hi)
+        convex, concave = kind > 0, kind < 0
+        lower = torch.where(convex, mid, chord)
+        upper = torch.where(concave, mid, chord)
+        mixed = ~(convex | concave)
+        if bool(mixed.any()):
+            lo_m, hi_m = lo[mixed], hi[mixed]
+            lower = lower.masked_scatter(mixed, self.envelope_slope64(lo_m, hi_m, 1.0))
+            upper = upper.masked_scatter(mixed, self.envelope_slope64(lo_m, hi_m, -1.0))
+        return lower, upper
+
+    def envelope_slope64(self, lo, hi, side: float):
+        """The slope of the supporting line of f's convex (side +1) / concave (-1) envelope
+        over [lo, hi] at the midpoint: the line touching f where the tangent point of the
+        slope-w line crosses the midpoint (it moves right as w grows for the lower line, left
+        for the upper one)."""
+        m = (lo + hi) / 2
+        a, b = self.slope_range64(lo, hi)
+        for _ in range(ENVELOPE_STEPS):
+            w = (a + b) / 2
+            _, x = self._intercept64(lo, hi, w, side)
+            grow = (x < m) if side > 0 else (x > m)
+            a, b = torch.where(grow, w, a), torch.where(grow, b, w)
+        return (a + b) / 2
+
+    # -- alpha-CROWN -------------------------------------------------------------------------
+    def alpha_init(self, in_bounds):
+        """CROWN's slopes as points of [0, ALPHA_SPAN]^2 (B, 2, *shape)."""
+        lo, hi = in_bounds[0]
+        l64, u64 = lo.to(F64), hi.to(F64)
+        L, U = self._probe(self.sloped64(l64, u64), l64, u64)
+        out = [self.slope_alpha64(L, U, w).clamp(0, ALPHA_SPAN)
+               for w in self.default_slopes64(L, U)]
+        return torch.stack(out, dim=1).to(lo.dtype)
+
+    def alpha_slopes64(self, lo, hi, a, span=None):
+        """The slope of alpha entry a in [0, ALPHA_SPAN]: a point of the range of f' on
+        [lo, hi] (`span`, when known)."""
+        smin, smax = self.slope_range64(lo, hi) if span is None else span
+        return smin + (a / ALPHA_SPAN) * (smax - smin)
+
+    def slope_alpha64(self, lo, hi, w):
+        """The alpha entry of slope w (the inverse of alpha_slopes64; mid-range when f' is
+        constant on [lo, hi])."""
+        smin, smax = self.slope_range64(lo, hi)
+        span = smax - smin
+        spread = span > 0
+        t = (w - smin) / torch.where(spread, span, torch.ones_like(span))
+        return ALPHA_SPAN * torch.where(spread, t, torch.full_like(t, 0.5))
+
+    def alpha_project_(self, alpha):
+        alpha.clamp_(0, ALPHA_SPAN)
