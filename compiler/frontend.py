@@ -66,6 +66,7 @@ def import_onnx(path: str) -> Graph:
     graph.cleanup().toposort()
     _check_supported(graph, source, opset)
     ctx = LoweringContext(source, opset)
+    ctx.graph_outputs = {t.name for t in graph.outputs}
     input_name = _lower_input(ctx, graph)
     for node in graph.nodes:
         ctx.onnx_node = node

@@ -5,7 +5,7 @@ by the schema version the model's opset selects (`onnx.defs.get_schema(op,
 max_inclusive_version=opset).since_version`), so an op whose signature changed between opsets
 (Squeeze's axes moved from an attribute to an input in opset 13) gets the right handler.
 Each op family lives in its own module, named as its kernels' module under runtime/ops/
-(linear, conv, pooling, activation, arithmetic, layout); importing this package registers
+(linear, conv, pooling, activation, arithmetic, layout, movement, reduction, ...); importing this package registers
 them all. Registering one (domain, op, version) twice is an error at import.
 """
 
@@ -68,4 +68,4 @@ def find_handler(op_type: str, opset: int, domain: str = "") -> Handler | None:
 
 # Register every op family (imported for their side effect on _REGISTRY).
 from shardbound.compiler.lowering import (activation, arithmetic, conv, layout, linear,  # noqa: E402,F401
-                                           pooling, smooth)
+                                           movement, pooling, reduction, smooth)

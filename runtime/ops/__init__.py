@@ -3,7 +3,7 @@ system reads (runtime/ops/base.py) and, when nonlinear, its relaxation
 (runtime/ops/relaxation.py).
 
 Families (each with a lowering module of the same name under compiler/lowering/): linear,
-conv, pooling, activation, arithmetic, layout. `OP_TYPES` maps IR op kinds to classes; the
+conv, pooling, activation, smooth, arithmetic, layout, movement, reduction. `OP_TYPES` maps IR op kinds to classes; the
 generated program names classes as `ops.<Class>`, which resolves any registered kernel
 (the module `__getattr__` below): a new op needs no line here.
 
@@ -19,10 +19,12 @@ from shardbound.runtime.ops.arithmetic import Add, Affine
 from shardbound.runtime.ops.activation import Relu
 from shardbound.runtime.ops.smooth import Sigmoid, Tanh
 from shardbound.runtime.ops.pooling import MaxPool2d
+from shardbound.runtime.ops.movement import Move, Resample
+from shardbound.runtime.ops.reduction import ReduceSum
 
 __all__ = ["OP_TYPES", "Bounds", "NodeFacts", "Op", "register_op", "ElementwiseRelaxation",
            "Lines", "Input", "Pad", "Reshape", "Transpose", "Linear", "Conv2d", "Add", "Affine",
-           "Relu", "Sigmoid", "Tanh", "MaxPool2d"]
+           "Relu", "Sigmoid", "Tanh", "MaxPool2d", "Move", "Resample", "ReduceSum"]
 
 
 def __getattr__(name: str):
