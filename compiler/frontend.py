@@ -20,7 +20,8 @@ from onnx.reference import ReferenceEvaluator
 from shardbound.compiler.context import Computed, LoweringContext
 from shardbound.compiler.errors import ShardboundError
 from shardbound.compiler.ir import Graph, Node
-from shardbound.compiler.lowering import find_handler, has_constant_output, supported_ops
+from shardbound.compiler.lowering import (constant_only_reason, find_handler,
+                                          has_constant_output, supported_ops)
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 MAX_LISTED = 12          # unsupported ops named in one error line
@@ -132,10 +133,11 @@ def _check_supported(graph, source: str, opset: int) -> None:
         elif not known:
             label = node.op if domain in DEFAULT_DOMAINS else f"{domain}.{node.op}"
             name = node.name or (node.outputs[0].name if node.outputs else "?")
-            missing.setdefault(label, name)
+            why = constant_only_reason(node.op) if domain in DEFAULT_DOMAINS else None
+            missing.setdefault(label, f"{name!r}" + (f": {why}" if why else ""))
     if missing:
         shown = list(missing.items())[:MAX_LISTED]
-        listed = ", ".join(f"{op} (opset {opset}, first node {name!r})" for op, name in shown)
+        listed = ", ".join(f"{op} (opset {opset}, first node {name})" for op, name in shown)
         if len(missing) > MAX_LISTED:
             listed += f" and {len(missing) - MAX_LISTED} more"
         raise ShardboundError(f"{source}: {len(missing)} unsupported op(s): {listed}; supported "

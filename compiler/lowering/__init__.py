@@ -39,6 +39,21 @@ def register(op_type: str, since: int = 1, domain: str = "", constant_output: bo
     return wrap
 
 
+_CONSTANT_ONLY: dict[tuple[str, str], str] = {}
+
+
+def register_constant_only(op_types, why: str, domain: str = "") -> None:
+    """Ops that shardbound evaluates only on constants (they are folded at compile time):
+    applied to the network input they are discrete or dynamic, with no linear bound. `why`
+    ends the unsupported-op message for a node whose input is computed."""
+    for op in op_types:
+        _CONSTANT_ONLY[(domain, op)] = why
+
+
+def constant_only_reason(op_type: str, domain: str = "") -> str | None:
+    return _CONSTANT_ONLY.get((domain, op_type))
+
+
 def supported_ops() -> list[str]:
     return sorted(op for (_, op) in _REGISTRY)
 
@@ -67,5 +82,5 @@ def find_handler(op_type: str, opset: int, domain: str = "") -> Handler | None:
 
 
 # Register every op family (imported for their side effect on _REGISTRY).
-from shardbound.compiler.lowering import (activation, arithmetic, conv, layout, linear,  # noqa: E402,F401
-                                           movement, pooling, reduction, smooth)
+from shardbound.compiler.lowering import (activation, arithmetic, constants, conv,  # noqa: E402,F401
+                                           layout, linear, movement, pooling, reduction, smooth)

@@ -171,7 +171,9 @@ def lower_cast(ctx, node):
     to = int(node.attrs.get("to", 1))
     from onnx import TensorProto
     if to not in (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16):
-        raise ctx.error("a cast of a computed tensor to a non-float type is not supported")
+        raise ctx.error("a cast of a computed tensor to a non-float type is not supported: it "
+                        "depends on the network input, where it is a discrete (piecewise-"
+                        "constant) function with no linear bound; only constants are cast")
     ctx.alias(node.outputs[0], ctx.computed(node.inputs[0]))
 
 
