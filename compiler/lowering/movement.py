@@ -39,7 +39,7 @@ def emit_move(ctx, inputs, steps, out_full, out_tensor=None, fill=None, indices=
     if source.shape != shape:
         raise ctx.error(f"internal: the move gives {source.shape}, ONNX says {tuple(out_full)}")
     has_fill = fill is not None and bool(np.any(np.asarray(fill) != 0))
-    if (len(inputs) == 1 and not has_fill and (source >= 0).all()
+    if (len(inputs) == 1 and not has_fill and source.size == math.prod(inputs[0].shape)
             and np.array_equal(source.reshape(-1), np.arange(source.size))):
         return ctx.reshaped(inputs[0], out_full, out_tensor)      # the same elements in order
     params = {}

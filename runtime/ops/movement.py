@@ -395,7 +395,12 @@ class Resample(Op):
         pairs = list(zip(self.axes, mats))
         for axis, m in (reversed(pairs) if reverse else pairs):
             d = axis + lead
-            x = contract.matmul(x.movedim(d, -1).contiguous(), m[which], self.order).movedim(-1, d)
+            moved = x.movedim(d, -1).contiguous()
+            if moved.numel() == 0:      # a tp rank without channels: no sum, but stay on the
+                y = torch.matmul(moved, m[which].t())      # autograd path (collectives)
+            else:
+                y = contract.matmul(moved, m[which], self.order)
+            x = y.movedim(-1, d)
         return x.contiguous()
 
     def forward(self, x):

@@ -85,13 +85,16 @@ def _split(how):
     def apply(b, x, full, opset):
         if how == "attribute":
             parts = b.op("Split", [x], n_out=2, axis=2, split=[1, 3])
+        elif how == "leading":          # the first part is a prefix of the input: still a move
+            parts = b.op("Split", [x, b.const(ints(1, 1))], n_out=2, axis=1)
         elif how == "input":
             parts = b.op("Split", [x, b.const(ints(3, 2))], n_out=2, axis=-1)
         else:
             parts = b.op("Split", [x], n_out=3, axis=3, num_outputs=3)      # 2, 2, 1
         first = parts
         second = parts[:-1] + "1"
-        return b.op("Concat", [second, b.op("Relu", [first])], axis=2 if how == "attribute" else 3)
+        axis = {"attribute": 2, "leading": 1}.get(how, 3)
+        return b.op("Concat", [second, b.op("Relu", [first])], axis=axis)
     return apply
 
 
@@ -160,6 +163,7 @@ CASES = [
     _case("slice_clamped", "Slice", _slice_inputs([-9, 2], [2 ** 62, -2 ** 62], [-1, 2], [1, -2])),
     _case("split_attribute", "Split", _split("attribute"), opsets=(11,)),
     _case("split_input", "Split", _split("input"), opsets=(13,)),
+    _case("split_leading", "Split", _split("leading"), opsets=(13,)),
     _case("split_num_outputs", "Split", _split("num_outputs"), opsets=(18,), reference=False),
     _case("gather_repeats", "Gather", _gather(1, [1, -2, 1])),
     _case("gather_scalar_batch", "Gather", _gather(0, 0), opsets=(11,)),
@@ -254,3 +258,92 @@ CASES += [
 ]
 
 generate(CASES, globals())
+
+
+# -- the kernels themselves ------------------------------------------------------------------------
+def _adjoint_and_rows(op, in_shapes, order_rows=((0, 1), (1, 4), (4, 6))):
+    """forward is linear with backward_linear as its exact transpose (<A, M x + c> = <M^T A,
+    x> + A . c), and the backward bits do not depend on which rows of A go together."""
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(2, *s, generator=g) for s in in_shapes]
+    y = op.forward(*xs)
+    assert tuple(y.shape[1:]) == op.shape
+    A = torch.randn(2, 6, *op.shape, generator=g)
+    A_in, bias = op.backward_linear(A)
+    lhs = (A.double() * y.double().unsqueeze(1)).flatten(2).sum(-1)
+    rhs = sum((a.double() * x.double().unsqueeze(1)).flatten(2).sum(-1) for a, x in zip(A_in, xs))
+    if bias is not None:
+        rhs = rhs + bias.double()
+    assert torch.allclose(lhs, rhs, atol=1e-4)
+    for a, b in order_rows:
+        part, pbias = op.backward_linear(A[:, a:b].contiguous())
+        for p, full in zip(part, A_in):
+            assert torch.equal(p, full[:, a:b])
+        assert (pbias is None) == (bias is None) and (bias is None or torch.equal(pbias, bias[:, a:b]))
+
+
+@pytest.mark.parametrize("order", ["fast", "blocked", "exact"])
+def test_move_concat_with_constants_is_linear_and_row_independent(order):
+    """Two inputs and a constant block joined on axis 0 (one input twice), a reversed range
+    and a transpose: one map, constants in `fill`."""
+    from shardbound.runtime.ops.movement import Move, _source_array
+
+    steps = (("concat", 0, (0, -2, 1, 0)), ("range", 2, 1, -1, -1), ("transpose", (2, 0, 1)))
+    source = _source_array([(1, 5, 2), (1, 5, 2)], (0, 0), steps)
+    assert source.shape == (2, 5, 5)
+    fill = np.where(source < 0, np.random.default_rng(1).normal(size=source.shape), 0.0)
+    op = Move("m", ["a", "b"], [(1, 5, 2), (1, 5, 2)], order=order, steps=steps,
+              params={"fill": torch.tensor(fill, dtype=torch.float32)})
+    _adjoint_and_rows(op, [(1, 5, 2), (1, 5, 2)])
+
+
+@pytest.mark.parametrize("order", ["fast", "blocked", "exact"])
+def test_resample_is_linear_and_row_independent(order):
+    from shardbound.runtime.ops.movement import Resample
+
+    op = Resample("r", ["x"], [(2, 5, 300)], order=order, axes=(1, 2), sizes=(9, 450),
+                  scales=(1.8, 1.5), coordinates="half_pixel", mode="cubic")
+    _adjoint_and_rows(op, [(2, 5, 300)])
+
+
+def test_nearest_and_linear_weights_match_onnx_reference():
+    """The interpolation matrices applied to a vector equal onnx.reference's Resize along
+    one axis, for every coordinate mode and both directions of scaling."""
+    from onnx.reference.ops.op_resize import _interpolate_1d_along_axis, _linear_coeffs
+
+    from shardbound.runtime.ops.movement import interpolation_matrix
+
+    data = np.random.default_rng(0).normal(size=7)
+    for mode in ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric",
+                 "half_pixel_symmetric"):
+        for out_len in (3, 7, 11, 16):
+            scale = out_len / 7
+            want = _interpolate_1d_along_axis(data, 0, scale, out_len, _linear_coeffs,
+                                              coordinate_transformation_mode=mode)
+            got = interpolation_matrix(7, out_len, scale, mode) @ data
+            np.testing.assert_allclose(got, want, atol=1e-12, err_msg=f"{mode} -> {out_len}")
+
+
+def test_tp_roles_follow_the_map():
+    """A move (or resample, reduce) is elementwise in a tp zone exactly when it acts on each
+    channel alone with the same map."""
+    from shardbound.runtime.ops import NodeFacts, OP_TYPES
+
+    def roles(kind, in_shape, **attrs):
+        op = OP_TYPES[kind]("n", ["x"], [in_shape], **attrs)
+        facts = NodeFacts(shape=op.shape, in_shapes=(in_shape,), attrs=attrs)
+        return OP_TYPES[kind].tp_roles_of(facts)
+
+    spatial = (("unsqueeze", (0,)), ("range", 3, 4, 0, -1), ("resize_nearest", 2, 6, 2.0,
+                                                             "asymmetric", "floor"),
+               ("squeeze", (0,)))
+    assert roles("move", (260, 3, 5), steps=spatial, expand_front=(0,)) == ("elementwise",)
+    assert roles("move", (260, 3, 5), steps=(("range", 0, 0, 100, 1),)) == ()
+    assert roles("move", (260, 3, 5), steps=(("transpose", (0, 2, 1)),)) == ("elementwise",)
+    assert roles("move", (260, 3, 5), steps=(("transpose", (1, 0, 2)),)) == ()
+    assert roles("move", (260, 3, 5), steps=(("expand", (2, 1, 3, 5)),)) == ()
+    assert roles("move", (260, 15), steps=(("reshape", (260, 3, 5)),)) == ()
+    assert roles("resample", (4, 3, 5), axes=(1,), sizes=(6,), scales=(2.0,)) == ("elementwise",)
+    assert roles("resample", (4, 3, 5), axes=(0,), sizes=(6,), scales=(1.5,)) == ()
+    assert roles("reduce_sum", (4, 3, 5), axes=(1, 2)) == ("elementwise",)
+    assert roles("reduce_sum", (4, 3, 5), axes=(0,)) == ()
