@@ -133,15 +133,20 @@ def _check_supported(graph, source: str, opset: int) -> None:
         elif not known:
             label = node.op if domain in DEFAULT_DOMAINS else f"{domain}.{node.op}"
             name = node.name or (node.outputs[0].name if node.outputs else "?")
-            why = constant_only_reason(node.op) if domain in DEFAULT_DOMAINS else None
-            missing.setdefault(label, f"{name!r}" + (f": {why}" if why else ""))
+            missing.setdefault(label, name)
     if missing:
         shown = list(missing.items())[:MAX_LISTED]
-        listed = ", ".join(f"{op} (opset {opset}, first node {name})" for op, name in shown)
+        listed = ", ".join(f"{op} (opset {opset}, first node {name!r})" for op, name in shown)
         if len(missing) > MAX_LISTED:
             listed += f" and {len(missing) - MAX_LISTED} more"
-        raise ShardboundError(f"{source}: {len(missing)} unsupported op(s): {listed}; supported "
-                              f"ops: {', '.join(supported_ops())}")
+        reasons: dict[str, list[str]] = {}
+        for op in missing:
+            why = constant_only_reason(op)
+            if why:
+                reasons.setdefault(why, []).append(op)
+        notes = "".join(f"; {', '.join(ops)}: {why}" for why, ops in reasons.items())
+        raise ShardboundError(f"{source}: {len(missing)} unsupported op(s): {listed}{notes}; "
+                              f"supported ops: {', '.join(supported_ops())}")
 
 
 def _lower_node(ctx: LoweringContext, node, opset: int) -> None:

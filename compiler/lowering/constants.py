@@ -33,10 +33,10 @@ register_constant_only(
     ["Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Not", "And", "Or", "Xor",
      "ArgMax", "ArgMin", "OneHot", "NonZero", "Floor", "Ceil", "Round", "IsNaN", "IsInf",
      "BitShift"],
-    "it depends on the network input, where it is a discrete (piecewise-constant) function "
-    "with no linear bound; shardbound evaluates it only on constants (folded at compile time)")
+    "applied to the network input, these are discrete (piecewise-constant) functions with no "
+    "linear bound; shardbound evaluates them only on constants (folded at compile time)")
 register_constant_only(
     ["ConstantOfShape", "Range", "EyeLike", "RandomNormal", "RandomUniform",
      "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"],
-    "it depends on the network input (as a shape or a count, or randomly); shardbound "
-    "evaluates it only on constants (folded at compile time)")
+    "applied to the network input (as a shape or a count, or randomly), these have no linear "
+    "bound; shardbound evaluates them only on constants (folded at compile time)")
