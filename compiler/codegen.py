@@ -146,6 +146,7 @@ def plan_dict(graph: Graph, options, passes: list[str]) -> dict:
         "output": {"node": graph.output, "shape": list(graph.node(graph.output).shape)},
         "nodes": [{"name": n.name, "op": n.op, "origin": n.origin, "inputs": list(n.inputs),
                    "shape": list(n.shape), "params": dict(n.params),
+                   "param_shapes": {key: list(np.shape(graph.tensors[key])) for _, key in n.params},
                    "annotations": {k: v[n.name] for k, v in sorted(graph.annotations.items())
                                    if n.name in v}}
                   for n in graph.nodes],

@@ -44,6 +44,7 @@ class Network:
         # (CROWN-tightened ones included) instead of the plain IBP pass from the input box.
         self.refine_ibp = False
         self.tp = None                  # tp mode: the zone ops' shared context (runtime.tp)
+        self.budget = None              # verify: a time budget checked per CROWN-bounded node
         self.relaxed_consumers: dict[str, list[Op]] = {n.name: [] for n in self.nodes}
         for n in self.nodes:
             if n.relaxed:
@@ -112,6 +113,8 @@ class Network:
             how = self.intermediate.get(n.name)
             if how is None:
                 continue
+            if how == "crown" and self.budget is not None:
+                self.budget.check()         # raises BudgetExhausted, alike on every rank
             base = ibp[n.name]
             if prior is not None and n.name in prior:
                 base = _intersect(base, prior[n.name])

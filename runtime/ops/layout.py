@@ -153,7 +153,7 @@ class Pad(Op):
 
     def forward(self, x):
         m = self._map()
-        return m.gather(x.reshape(x.shape[0], -1)).reshape(x.shape[0], *m.out_shape)
+        return m.gather(x.reshape(x.shape[0], math.prod(x.shape[1:]))).reshape(x.shape[0], *m.out_shape)
 
     def ibp(self, b):
         return self.forward(b[0]), self.forward(b[1])

@@ -172,7 +172,7 @@ class MaxPool2d(Op):
         """x (B, C, H, W) -> each window's slots (B, C, L, K); padding holds `fill`."""
         m = self._map()
         B, C = x.shape[:2]
-        flat = m.gather(x.reshape(B, C, -1), fill)
+        flat = m.gather(x.reshape(B, C, math.prod(x.shape[2:])), fill)   # C may be 0 (tp)
         return flat.reshape(B, C, *m.out_shape)
 
     def _valid(self, device) -> torch.Tensor:
@@ -197,7 +197,7 @@ class MaxPool2d(Op):
         hit = (~lines.exact).unsqueeze(-1) & self._valid(lo.device)        # (B, C, L, K)
         m = self._map()
         B, C = lo.shape[:2]
-        counts = m.scatter_add(hit.to(lo.dtype).reshape(B, C, -1))
+        counts = m.scatter_add(hit.to(lo.dtype).reshape(B, C, math.prod(hit.shape[2:])))
         return [(counts > 0).reshape(lo.shape)]
 
     def alpha_init(self, in_bounds):
@@ -254,7 +254,8 @@ class MaxPool2d(Op):
         on_low, on_up = (pos, neg) if lower else (neg, pos)
         slots = on_low.unsqueeze(-1) * w + on_up.unsqueeze(-1) * up_slope        # (B, S, C, L, K)
         m = self._map()
-        A_in = m.scatter_add(slots.reshape(B, S, C, -1)).reshape(B, S, *self.in_shapes[0])
+        A_in = m.scatter_add(slots.reshape(B, S, C, math.prod(slots.shape[3:]))).reshape(
+            B, S, *self.in_shapes[0])
         bias = self._dot(on_up.reshape(B, S, C * L), up_icpt.reshape(B, 1, C * L))
         if rest is not None:
             bias = bias + self._dot((on_low * rest).reshape(B, S, C * L),

@@ -27,6 +27,7 @@ whatever its bounds): CROWN spends its rows only on those.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -106,7 +107,7 @@ class ElementwiseRelaxation(Op):
             if icpt is None:
                 continue
             coef = A - pos if coef is None else coef
-            flat = icpt.reshape(icpt.shape[0], icpt.shape[1], -1)
+            flat = icpt.reshape(icpt.shape[0], icpt.shape[1], math.prod(icpt.shape[2:]))
             term = self._dot(coef.reshape(B, S, flat.shape[-1]), flat)
             bias = term if bias is None else bias + term
         return A_in, bias
