@@ -238,7 +238,7 @@ class ConvTranspose2d(Op):
         (y,), _ = self._adjoint(weight).backward_linear(x.unsqueeze(1))
         y = y[:, 0]
         b = self.param("bias") if with_bias else None
-        return y + b.reshape(1, -1, 1, 1) if b is not None else y
+        return y + b.reshape(1, b.shape[0], 1, 1) if b is not None else y
 
     def forward(self, x):
         return self._transposed(x, self.param("weight"))

@@ -266,7 +266,7 @@ class Move(Op):
     def forward(self, *xs):
         m = self._map()
         B = xs[0].shape[0]
-        flat = [x.reshape(B, -1) for x in xs]
+        flat = [x.reshape(B, math.prod(x.shape[1:])) for x in xs]   # explicit: 0 channels
         source = flat[0] if len(flat) == 1 else torch.cat(flat, dim=-1)
         return m.gather(source, fill=self._fill(source)).reshape(B, *m.out_shape)
 
