@@ -4,9 +4,10 @@
 
 Reads `family,onnx,...` from DIR/benchmarks/instances.csv (DIR defaults to ../shared relative
 to the repository root), plans every distinct model as `shardbound inspect` does (import and
-passes, in process) in each mode, and prints a markdown table: the nodes after the passes, and
-`compiles` or the refusal (for an unsupported op, only the op list of the one-line error, not
-the list of supported ops). Exit code 0 whatever the outcome: this is a census, not a test.
+passes, in process) in each mode, and prints a markdown table: `compiles (N nodes)` or the
+refusal, shortened to the unsupported op names (with the constant-only reason group, if any)
+or the handler's one-line message; one cell when every mode agrees, else one per mode.
+Exit code 0 whatever the outcome: this is a census, not a test.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import csv
 import os
 import re
 import sys
-import time
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 DEFAULT_SHARED = os.path.normpath(os.path.join(ROOT, "..", "shared"))
-_REFUSED = re.compile(r"(\d+ unsupported op\(s\): .*?); supported ops:")
+_REFUSED = re.compile(r"\d+ unsupported op\(s\): (.*?); supported ops:")
+_OP = re.compile(r"([A-Za-z0-9_.]+) \(opset \d+, first node")
 
 
 def models(shared: str, only: str | None) -> list[tuple[str, str]]:
@@ -34,19 +35,23 @@ def models(shared: str, only: str | None) -> list[tuple[str, str]]:
     return [(family, onnx) for onnx, family in seen.items()]
 
 
-def outcome(path: str, mode: str) -> tuple[str, str]:
-    """(nodes, what happened) for one model in one mode."""
+def outcome(path: str, mode: str) -> str:
+    """What happens to one model in one mode, in a few words."""
     from shardbound.compiler.driver import plan_model
-    from shardbound.runtime.errors import ShardboundError
     from shardbound.passes.manager import PassOptions
+    from shardbound.runtime.errors import ShardboundError
 
     try:
         graph, _ = plan_model(path, PassOptions(mode=mode))
     except ShardboundError as e:
         text = str(e).splitlines()[0]
         found = _REFUSED.search(text)
-        return "", "refused: " + (found.group(1) if found else text.split(": ", 1)[-1])
-    return str(len(graph.nodes)), "compiles"
+        if not found:
+            return "refused: " + text.split(": ", 1)[-1]
+        ops = _OP.findall(found.group(1))
+        discrete = "discrete" in found.group(1) or "no linear bound" in found.group(1)
+        return "refused: " + ", ".join(ops) + (" (some: discrete on the input)" if discrete else "")
+    return f"compiles ({len(graph.nodes)} nodes)"
 
 
 def main(argv=None) -> int:
@@ -58,17 +63,13 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     rows = models(args.shared, args.only)
     modes = args.modes.split(",")
-    print("| family | model | " + " | ".join(f"{m} (nodes: outcome)" for m in modes) + " | s |")
-    print("|---|---|" + "---|" * len(modes) + "---|")
+    print(f"| family | model | outcome ({', '.join(modes)}) |")
+    print("|---|---|---|")
     for family, onnx in rows:
-        start = time.perf_counter()
-        cells = []
-        for mode in modes:
-            nodes, what = outcome(os.path.join(args.shared, "benchmarks", onnx), mode)
-            cells.append(f"{nodes}: {what}" if nodes else what)
-        seconds = time.perf_counter() - start
-        print(f"| {family} | {os.path.basename(onnx)} | " + " | ".join(cells) +
-              f" | {seconds:.1f} |", flush=True)
+        cells = {m: outcome(os.path.join(args.shared, "benchmarks", onnx), m) for m in modes}
+        shown = (next(iter(cells.values())) if len(set(cells.values())) == 1
+                 else "; ".join(f"{m}: {c}" for m, c in cells.items()))
+        print(f"| {family} | {os.path.basename(onnx)} | {shown} |", flush=True)
     return 0
 
 
