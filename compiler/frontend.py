@@ -104,23 +104,21 @@ def _lower_input(ctx: LoweringContext, graph) -> str:
     if not shape:
         raise ShardboundError(f"{ctx.source}: input {x.name!r} has no static shape; "
                               "re-export the model with a fixed input shape")
+    batched = not (isinstance(shape[0], int) and shape[0] > 1)   # (N, ...): no batch axis
     dims = []
     for i, d in enumerate(shape):
-        if i == 0 and (not isinstance(d, int) or d in (1, -1)):
+        if i == 0 and batched and (not isinstance(d, int) or d in (1, -1)):
             continue  # the batch axis: symbolic or 1
         if not isinstance(d, int) or d <= 0:
             raise ShardboundError(f"{ctx.source}: input {x.name!r} has a dynamic dimension "
                                   f"{d!r} at axis {i} (shape {shape}); re-export the model with "
                                   "a fixed input shape")
         dims.append(int(d))
-    if isinstance(shape[0], int) and shape[0] not in (1, -1):
-        raise ShardboundError(f"{ctx.source}: input {x.name!r} has shape {shape}; the first "
-                              "axis must be a batch axis of size 1 (or symbolic)")
     ctx.check_size(dims, f"input {x.name!r}")
     name = ctx.names.name("input")
     ctx.nodes.append(Node(name=name, op="input", inputs=(), shape=tuple(dims),
                           origin=f"input {x.name!r}"))
-    ctx.alias(x, Computed(name, tuple(dims)))
+    ctx.alias(x, Computed(name, tuple(dims), batched))   # batch-less: context.py, the batch axis
     return x.name
 
 
