@@ -8,6 +8,7 @@ are: graphsurgeon treats those inputs as constants.
 
 from __future__ import annotations
 
+import math
 import os
 from types import MappingProxyType
 
@@ -92,11 +93,39 @@ def _lower_input(ctx: LoweringContext, graph) -> str:
         if isinstance(t, gs.Constant):
             ctx.set_const(t, t.values)
     inputs = [t for t in graph.inputs if isinstance(t, gs.Variable)]
-    if len(inputs) != 1:
-        names = ", ".join(repr(t.name) for t in inputs) or "none"
-        raise ShardboundError(f"{ctx.source}: the model has {len(inputs)} inputs ({names}); "
-                              "shardbound bounds models with exactly one input tensor")
-    x = inputs[0]
+    if not inputs:
+        raise ShardboundError(f"{ctx.source}: the model has no input tensor")
+    layouts = [_input_layout(ctx, x) for x in inputs]
+    name = ctx.names.name("input")
+    if len(inputs) == 1:
+        (dims, batched), = layouts
+        ctx.check_size(dims, f"input {inputs[0].name!r}")
+        ctx.nodes.append(Node(name=name, op="input", inputs=(), shape=tuple(dims),
+                              origin=f"input {inputs[0].name!r}"))
+        ctx.alias(inputs[0], Computed(name, tuple(dims), batched))   # batch-less: context.py
+        return inputs[0].name
+    # Several inputs: one flat input node holding their values in input order (the property's
+    # X_i as VNN-COMP numbers them); each ONNX input is a move of it (a range, reshaped).
+    from shardbound.compiler.lowering.movement import emit_move
+
+    sizes = [math.prod(dims) for dims, _ in layouts]
+    total = sum(sizes)
+    ctx.check_size((total,), "the inputs together")
+    names = ", ".join(repr(x.name) for x in inputs)
+    ctx.nodes.append(Node(name=name, op="input", inputs=(), shape=(total,),
+                          origin=f"inputs {names} (flattened, in order)"))
+    flat = Computed(name, (total,), False)
+    offset = 0
+    for x, (dims, batched), n in zip(inputs, layouts, sizes):
+        full = (1, *dims) if batched else tuple(dims)
+        emit_move(ctx, [flat], [("range", 0, offset, offset + n, 1), ("reshape", full)], full, x)
+        offset += n
+    return ",".join(x.name for x in inputs)
+
+
+def _input_layout(ctx: LoweringContext, x) -> tuple[list[int], bool]:
+    """(sample dims, batched) of one graph input, or a one-line error. A first axis of size 1
+    or symbolic is the batch axis; one of another fixed size is a data axis (no batch axis)."""
     if x.dtype is not None and np.dtype(x.dtype).kind != "f":
         raise ShardboundError(f"{ctx.source}: input {x.name!r} has type {np.dtype(x.dtype)}; "
                               "a floating-point input is required")
@@ -104,7 +133,7 @@ def _lower_input(ctx: LoweringContext, graph) -> str:
     if not shape:
         raise ShardboundError(f"{ctx.source}: input {x.name!r} has no static shape; "
                               "re-export the model with a fixed input shape")
-    batched = not (isinstance(shape[0], int) and shape[0] > 1)   # (N, ...): no batch axis
+    batched = not (isinstance(shape[0], int) and shape[0] > 1)
     dims = []
     for i, d in enumerate(shape):
         if i == 0 and batched and (not isinstance(d, int) or d in (1, -1)):
@@ -114,12 +143,7 @@ def _lower_input(ctx: LoweringContext, graph) -> str:
                                   f"{d!r} at axis {i} (shape {shape}); re-export the model with "
                                   "a fixed input shape")
         dims.append(int(d))
-    ctx.check_size(dims, f"input {x.name!r}")
-    name = ctx.names.name("input")
-    ctx.nodes.append(Node(name=name, op="input", inputs=(), shape=tuple(dims),
-                          origin=f"input {x.name!r}"))
-    ctx.alias(x, Computed(name, tuple(dims), batched))   # batch-less: context.py, the batch axis
-    return x.name
+    return dims, batched
 
 
 def _check_supported(graph, source: str, opset: int) -> None:
@@ -193,11 +217,26 @@ def _fold(ctx: LoweringContext, node, opset: int) -> None:
 
 
 def _single_output(ctx: LoweringContext, graph) -> Computed:
-    if len(graph.outputs) != 1:
-        raise ShardboundError(f"{ctx.source}: the model has {len(graph.outputs)} outputs; "
-                              "shardbound bounds models with exactly one output")
-    out = graph.outputs[0]
-    value = ctx.values.get(out.name)
-    if not isinstance(value, Computed):
-        raise ShardboundError(f"{ctx.source}: output {out.name!r} does not depend on the input")
-    return value
+    """The model's output; several outputs are one flat tensor of their values in output order
+    (the property's Y_j as VNN-COMP numbers them), a move of them."""
+    from shardbound.compiler.lowering.movement import emit_move
+
+    if not graph.outputs:
+        raise ShardboundError(f"{ctx.source}: the model has no output")
+    values = []
+    for out in graph.outputs:
+        value = ctx.values.get(out.name)
+        if not isinstance(value, Computed):
+            raise ShardboundError(f"{ctx.source}: output {out.name!r} does not depend on the "
+                                  "input")
+        values.append(value)
+    if len(values) == 1:
+        return values[0]
+    flats = [ctx.reshaped(v, (math.prod(v.shape),), None, "output") for v in values]
+    distinct, where = [], []          # one input per distinct tensor (an output listed twice)
+    for f in flats:
+        if f not in distinct:
+            distinct.append(f)
+        where.append(distinct.index(f))
+    total = sum(f.shape[0] for f in flats)
+    return emit_move(ctx, distinct, [("concat", 0, tuple(where))], (total,))
