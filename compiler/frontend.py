@@ -101,7 +101,7 @@ def _lower_input(ctx: LoweringContext, graph) -> str:
         (dims, batched), = layouts
         ctx.check_size(dims, f"input {inputs[0].name!r}")
         ctx.nodes.append(Node(name=name, op="input", inputs=(), shape=tuple(dims),
-                              origin=f"input {inputs[0].name!r}"))
+                              origin=f"input {inputs[0].name!r}{_dtype_note(inputs[0])}"))
         ctx.alias(inputs[0], Computed(name, tuple(dims), batched))   # batch-less: context.py
         return inputs[0].name
     # Several inputs: one flat input node holding their values in input order (the property's
@@ -111,7 +111,7 @@ def _lower_input(ctx: LoweringContext, graph) -> str:
     sizes = [math.prod(dims) for dims, _ in layouts]
     total = sum(sizes)
     ctx.check_size((total,), "the inputs together")
-    names = ", ".join(repr(x.name) for x in inputs)
+    names = ", ".join(f"{x.name!r}{_dtype_note(x)}" for x in inputs)
     ctx.nodes.append(Node(name=name, op="input", inputs=(), shape=(total,),
                           origin=f"inputs {names} (flattened, in order)"))
     flat = Computed(name, (total,), False)
@@ -121,6 +121,13 @@ def _lower_input(ctx: LoweringContext, graph) -> str:
         emit_move(ctx, [flat], [("range", 0, offset, offset + n, 1), ("reshape", full)], full, x)
         offset += n
     return ",".join(x.name for x in inputs)
+
+
+def _dtype_note(x) -> str:
+    """' (float64, computed in float32)' for an input not declared float32 (inspect shows it)."""
+    if x.dtype is None or np.dtype(x.dtype) == np.float32:
+        return ""
+    return f" ({np.dtype(x.dtype)}, computed in float32)"
 
 
 def _input_layout(ctx: LoweringContext, x) -> tuple[list[int], bool]:

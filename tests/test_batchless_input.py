@@ -91,3 +91,21 @@ def test_bounds_are_sound(compiled, radius):
         assert_within(values, lb, ub, label=f"batchless/{radius}/{method}")
         widths[method] = float((ub - lb).mean())
     assert widths["crown"] <= widths["ibp"] * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("dtype,name", [(TensorProto.DOUBLE, "float64"),
+                                        (TensorProto.FLOAT16, "float16")])
+def test_a_float64_or_float16_input_is_computed_in_float32_and_inspect_says_so(tmp_path, dtype,
+                                                                               name):
+    from shardbound.compiler.driver import inspect_model
+    from shardbound.passes.manager import PassOptions
+
+    nodes = [helper.make_node("Cast", ["x"], ["xc"], to=TensorProto.FLOAT),
+             helper.make_node("MatMul", ["xc", "w"], ["y"])]
+    graph = helper.make_graph(nodes, "typed", [helper.make_tensor_value_info("x", dtype, [1, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])],
+                              [numpy_helper.from_array(np.ones((3, 2), F32), "w")])
+    path = tmp_path / "typed.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    header = inspect_model(str(path), PassOptions()).splitlines()[0]
+    assert f"input input(3,) = input 'x' ({name}, computed in float32)" in header

@@ -133,3 +133,12 @@ def test_fsdp_bitwise_single(tmp_path):
     for name, s, f in pairs:
         for m in methods:
             assert fsdp[(f["dir"], m)]["sha"] == single[(s["dir"], m)]["sha"], (name, m)
+
+
+def test_inspect_names_the_inputs_in_order(compiled):
+    from shardbound.compiler.driver import inspect_model
+    from shardbound.passes.manager import PassOptions
+
+    tmp, _, _ = compiled
+    header = inspect_model(str(tmp / "m.onnx"), PassOptions()).splitlines()[0]
+    assert "input input(10,) = inputs 'a', 'b' (flattened, in order)" in header
