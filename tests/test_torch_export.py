@@ -1,6 +1,6 @@
 """A network exported by torch.onnx.export(..., dynamo=False) that uses torch.cat, slicing,
-chunk, gather, expand, F.pad, F.interpolate (nearest and bilinear) and ConvTranspose2d:
-it compiles at several opsets, its forward pass equals onnxruntime's, its IBP / CROWN /
+chunk, gather, expand, F.pad, F.interpolate (nearest and bilinear), ConvTranspose2d and a
+second input (X_i: both inputs flattened, in order): it compiles at several opsets, its forward pass equals onnxruntime's, its IBP / CROWN /
 alpha-CROWN bounds are sound (sampling + PGD), and `verify` answers sat and unsat properties
 correctly."""
 
@@ -19,6 +19,8 @@ from soundness import assert_within, attack_min, witness_values
 from test_verify import _write_property
 
 INPUT = (2, 2, 4)
+SECOND = (3,)
+N_IN = 16 + 3
 
 
 class MovingNet(nn.Module):
@@ -28,9 +30,10 @@ class MovingNet(nn.Module):
         self.up = nn.ConvTranspose2d(6, 3, 3, stride=2, padding=1, output_padding=1)
         self.conv = nn.Conv2d(5, 4, 3, padding=1)
         self.fc = nn.Linear(16, 3)
+        self.zfc = nn.Linear(3, 3)
         self.register_buffer("idx", torch.randint(0, 4, (1, *INPUT), generator=g))
 
-    def forward(self, x):
+    def forward(self, x, z):
         a, b = torch.chunk(x, 2, dim=3)
         h = torch.cat([a, b * 0.5, x[:, :, :, 1:3]], dim=1)
         h = torch.relu(self.up(h))
@@ -40,7 +43,7 @@ class MovingNet(nn.Module):
         u = F.pad(u, (0, 0, 1, 1), value=0.1)[:, :, 1:5, 2:6]
         h = torch.relu(self.conv(torch.cat([h, u], dim=1)))
         h = F.interpolate(h, scale_factor=0.5, mode="bilinear", align_corners=False)
-        return self.fc(h.flatten(1))
+        return self.fc(h.flatten(1)) + self.zfc(torch.relu(z))
 
 
 @pytest.fixture(scope="module", params=[11, 17])
@@ -55,14 +58,21 @@ def exported(request, tmp_path_factory):
     path = tmp / "net.onnx"
     with warnings.catch_warnings():      # the TorchScript exporter's deprecation notes
         warnings.simplefilter("ignore")
-        torch.onnx.export(net, (torch.zeros(1, *INPUT),), str(path), dynamo=False,
-                          opset_version=request.param, input_names=["x"], output_names=["y"])
+        torch.onnx.export(net, (torch.zeros(1, *INPUT), torch.zeros(1, *SECOND)), str(path),
+                          dynamo=False, opset_version=request.param, input_names=["x", "z"],
+                          output_names=["y"])
     compile_model(str(path), str(tmp / "prog"), PassOptions())
     return tmp, net, onnx.load(str(path)), load(str(tmp / "prog"))
 
 
+def _split(flat):
+    """(x, z) torch tensors from X's flat values: x's first, in input order."""
+    flat = torch.as_tensor(np.asarray(flat, dtype=np.float32))
+    return flat[:16].reshape(1, *INPUT), flat[16:].reshape(1, *SECOND)
+
+
 def _box(seed, radius=0.3):
-    c = np.random.default_rng(seed).uniform(-1, 1, int(np.prod(INPUT))).astype(np.float32)
+    c = np.random.default_rng(seed).uniform(-1, 1, N_IN).astype(np.float32)
     return c - np.float32(radius), c + np.float32(radius)
 
 
@@ -74,14 +84,14 @@ def test_forward_equals_onnxruntime_and_torch(exported):
     assert {"Concat", "Slice", "GatherElements", "Expand", "Pad", "Resize",
             "ConvTranspose"} <= ops
     s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    x = np.random.default_rng(1).normal(size=(5, *INPUT)).astype(np.float32)
-    for xi in x:
-        want = s.run(None, {"x": xi[None]})[0].reshape(-1)
-        got = verifier.forward(torch.from_numpy(xi[None])).numpy().reshape(-1)
+    assert [i.name for i in model.graph.input] == ["x", "z"]
+    for flat in np.random.default_rng(1).normal(size=(5, N_IN)).astype(np.float32):
+        x, z = _split(flat)
+        want = s.run(None, {"x": x.numpy(), "z": z.numpy()})[0].reshape(-1)
+        got = verifier.forward(torch.from_numpy(flat[None])).numpy().reshape(-1)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
         with torch.no_grad():
-            np.testing.assert_allclose(got, net(torch.from_numpy(xi[None])).numpy().reshape(-1),
-                                       rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(got, net(x, z).numpy().reshape(-1), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("seed,radius", [(0, 0.3), (1, 1.5), (2, 0.01)])
@@ -108,7 +118,7 @@ def test_verify_answers_sat_and_unsat(exported):
     tmp, net, model, verifier = exported
     lo, hi = _box(3, 0.2)
     row = np.array([[1.0, -1.0, 0.0]])
-    found = attack_min(lambda x: verifier.network.forward(x.reshape(-1, *INPUT)).reshape(
+    found = attack_min(lambda x: verifier.network.forward(x.reshape(-1, N_IN)).reshape(
         x.shape[0], -1), torch.from_numpy(lo), torch.from_numpy(hi),
         torch.tensor(row, dtype=torch.float32), torch.Generator().manual_seed(0))
     crown = float(verifier.bounds(lo, hi, C=row.astype(np.float32), method="crown")[0][0])
@@ -122,6 +132,6 @@ def test_verify_answers_sat_and_unsat(exported):
         assert result.verdict == expected, (kind, result.verdict)
         if expected == "sat":
             with torch.no_grad():
-                y = net(torch.tensor(result.x, dtype=torch.float32).reshape(1, *INPUT))
+                y = net(*_split(np.asarray(result.x, dtype=np.float32)))
             assert float(y[0, 0] - y[0, 1]) <= d + 1e-5
             assert np.all(result.x >= lo) and np.all(result.x <= hi)
