@@ -121,15 +121,16 @@ def test_verify_sat_lists_every_input_and_unsat(compiled):
 
 
 @pytest.mark.multirank
-def test_fsdp_bitwise_single(tmp_path):
+@pytest.mark.parametrize("mode", ["fsdp", "tp"])
+def test_modes_bitwise_single(tmp_path, mode):
     model = two_in_two_out()
     onnx.save(model, tmp_path / "m.onnx")
     lo, hi = _box(4, 0.2)
-    pairs = compile_pairs(tmp_path, [("multi_io", str(tmp_path / "m.onnx"), lo, hi)], "fsdp",
+    pairs = compile_pairs(tmp_path, [("multi_io", str(tmp_path / "m.onnx"), lo, hi)], mode,
                           summation="blocked")
     methods = ["ibp", "crown"]
     single = run_job(tmp_path, [s for _, s, _ in pairs], methods, 1, tag="single")
-    fsdp = run_job(tmp_path, [f for _, _, f in pairs], methods, 2, tag="fsdp")
+    fsdp = run_job(tmp_path, [f for _, _, f in pairs], methods, 2, tag=mode)
     for name, s, f in pairs:
         for m in methods:
             assert fsdp[(f["dir"], m)]["sha"] == single[(s["dir"], m)]["sha"], (name, m)
