@@ -1,6 +1,6 @@
 """The movement family: ops that move elements, lowered to one `move` node each (an index map
 built from steps, runtime/ops/movement.py) -- Concat, Slice, Split, Gather, GatherElements,
-Expand, Tile, DepthToSpace, SpaceToDepth, nearest Resize / Upsample -- and linear / cubic
+ScatterND, Expand, Tile, DepthToSpace, SpaceToDepth, nearest Resize / Upsample -- and linear / cubic
 Resize / Upsample (`resample`: one interpolation matrix per resized axis).
 
 Steps act on ONNX shapes: each input is viewed with its batch axis (a unit axis in front,
@@ -268,6 +268,48 @@ def lower_gather_elements(ctx, node):
         raise ctx.error(f"indices of rank {idx.ndim} for data of rank {len(full)}")
     step, big = _take_step(ctx, "take_along", axis, idx)
     emit_move(ctx, [x], [step], idx.shape, node.outputs[0], indices=big)
+
+
+@register("ScatterND", since=11)
+def lower_scatter_nd(ctx, node):
+    """Constant indices: data with the indexed slices replaced by updates (a later index tuple
+    wins, as onnxruntime does). Data and updates may each be computed or constant (constants
+    are the fill); the move reads them as one flat source through a `take`."""
+    if node.attrs.get("reduction", "none") != "none":
+        raise ctx.error(f"reduction {node.attrs['reduction']!r} is not supported (only 'none')")
+    data, updates = ctx.value(node.inputs[0]), ctx.value(node.inputs[2])
+    idx = np.asarray(ctx.const(node.inputs[1], "indices"), dtype=np.int64)
+    full = data.shape if isinstance(data, np.ndarray) else data.full_shape
+    k = idx.shape[-1] if idx.ndim else 0
+    want = (*idx.shape[:-1], *full[k:])
+    got = updates.shape if isinstance(updates, np.ndarray) else updates.full_shape
+    if idx.ndim < 1 or k > len(full) or tuple(got) != tuple(want):
+        raise ctx.error(f"indices {idx.shape} and updates {tuple(got)} do not fit data "
+                        f"{tuple(full)} (updates must be {want})")
+    bounds = np.asarray(full[:k], dtype=np.int64)
+    tuples = idx.reshape(-1, k)
+    if ((tuples < -bounds) | (tuples >= bounds)).any():
+        raise ctx.error(f"an index of {idx.shape} is out of range for data {tuple(full)}")
+    n_d = math.prod(full)
+    pos = np.arange(n_d, dtype=np.int64).reshape(full)
+    block = math.prod(full[k:])
+    upd = n_d + np.arange(math.prod(want), dtype=np.int64).reshape(-1, block)
+    for j, t in enumerate(tuples % np.maximum(bounds, 1)):
+        pos[tuple(t)] = upd[j].reshape(full[k:])
+    inputs, pieces, fills = [], [], []
+    for v in (data, updates):
+        n = math.prod(v.shape if isinstance(v, np.ndarray) else v.full_shape)
+        if isinstance(v, np.ndarray):
+            pieces.append(-n)
+            fills.append(np.asarray(v, dtype=np.float64).reshape(-1))
+        else:
+            pieces.append(len(inputs))
+            inputs.append(ctx.reshaped(v, (n,), None, "ScatterND"))
+            fills.append(np.zeros(n))
+    fill = np.concatenate(fills)[pos.reshape(-1)].reshape(full)
+    step, big = _take_step(ctx, "take", 0, pos.reshape(-1))
+    emit_move(ctx, inputs, [("concat", 0, tuple(pieces)), step, ("reshape", tuple(full))], full,
+              node.outputs[0], fill=fill, indices=big)
 
 
 # -- Expand, Tile, DepthToSpace, SpaceToDepth ------------------------------------------------------

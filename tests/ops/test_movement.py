@@ -110,6 +110,24 @@ def _gather_elements(b, x, full, opset):
     return b.op("GatherElements", [x, b.const(idx.astype(I64))], axis=2)
 
 
+# -- ScatterND (constant indices; cctsdb's box decoding) --------------------------------------------
+def _scatter_nd(const_data, opset_attr=False):
+    """Rows (0, c, h) of x replaced by computed updates (a row sum of x, reshaped), one index
+    given twice (the later wins) and one negative; or a constant data tensor with computed
+    rows."""
+    def apply(b, x, full, opset):
+        idx = np.array([[0, 1, 2], [0, 0, -1], [0, 1, 0], [0, 1, 2]], dtype=I64)
+        axes = b.const(ints(2)) if opset >= 13 else None
+        s = (b.op("ReduceSum", [x, axes], keepdims=0) if axes is not None else
+             b.op("ReduceSum", [x], axes=[2], keepdims=0))                       # (1, 2, 5)
+        upd = b.op("Reshape", [b.op("Concat", [s, b.op("Neg", [s])], axis=1),
+                               b.const(ints(4, full[3]))])                      # (4, 5)
+        data = b.const(b.rng.normal(0, 1, full).astype(np.float32)) if const_data else x
+        attrs = {"reduction": "none"} if opset_attr else {}
+        return b.op("ScatterND", [data, b.const(idx), upd], **attrs)
+    return apply
+
+
 # -- Expand, Tile, DepthToSpace, SpaceToDepth ---------------------------------------------------------
 def _expand(target):
     def apply(b, x, full, opset):
@@ -165,6 +183,9 @@ CASES = [
     _case("split_input", "Split", _split("input"), opsets=(13,)),
     _case("split_leading", "Split", _split("leading"), opsets=(13,)),
     _case("split_num_outputs", "Split", _split("num_outputs"), opsets=(18,), reference=False),
+    _case("scatter_nd", "ScatterND", _scatter_nd(False), opsets=(11, 13)),
+    _case("scatter_nd_const_data", "ScatterND", _scatter_nd(True), opsets=(13,)),
+    _case("scatter_nd_reduction_none", "ScatterND", _scatter_nd(False, True), opsets=(16,)),
     _case("gather_repeats", "Gather", _gather(1, [1, -2, 1])),
     _case("gather_scalar_batch", "Gather", _gather(0, 0), opsets=(11,)),
     _case("gather_2d", "Gather", _gather(-1, [[4, 0], [1, 1], [2, 3]])),
