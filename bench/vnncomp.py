@@ -11,10 +11,11 @@ Reads `family,onnx,vnnlib,timeout_s,expected` (paths relative to the CSV; defaul
 (or `shardbound verify ... --result` with --direct), and prints a markdown table, per-family
 counts and the list of WRONG answers. A WRONG answer is `unsat` where `sat` is expected, `sat`
 where `unsat` is expected, or a `sat` whose counterexample does not check out: the X/Y values
-of the result file are parsed, onnxruntime runs the model on X (float32, reshaped to the
-model's input shape), its output must match the reported Y (max |diff| <= 1e-4 * max(1,
-max |y|)), X must lie in a box of the property (1e-6 slack) and onnxruntime's output must
-violate one of that box's disjuncts (C @ y <= d, no slack). Exit code 1 on any WRONG answer.
+of the result file are parsed, onnxruntime runs the model on X (float32, split over the
+model's inputs in order and reshaped to their shapes; its outputs flattened in order), its
+output must match the reported Y (max |diff| <= 1e-4 * max(1, max |y|)), X must lie in a
+box of the property (1e-6 slack) and onnxruntime's output must violate one of that box's
+disjuncts (C @ y <= d, no slack). Exit code 1 on any WRONG answer.
 """
 
 from __future__ import annotations
@@ -96,12 +97,16 @@ class ModelCache:
             self.sessions[onnx_path] = ort.InferenceSession(
                 onnx_path, providers=["CPUExecutionProvider"])
         s = self.sessions[onnx_path]
-        (inp,) = s.get_inputs()
-        shape = [d if isinstance(d, int) and d > 0 else 1 for d in inp.shape]
-        if int(np.prod(shape)) != x.size:
-            raise ValueError(f"{x.size} inputs given, the model takes shape {inp.shape}")
-        y = s.run(None, {inp.name: x.astype(np.float32).reshape(shape)})[0]
-        return np.asarray(y, dtype=np.float64).reshape(-1)
+        feeds, k = {}, 0          # X holds the inputs' flattened values in input order
+        for inp in s.get_inputs():
+            shape = [d if isinstance(d, int) and d > 0 else 1 for d in inp.shape]
+            n = int(np.prod(shape))
+            feeds[inp.name] = x[k:k + n].astype(np.float32).reshape(shape)
+            k += n
+        if k != x.size:
+            raise ValueError(f"{x.size} inputs given, the model takes {k} values")
+        ys = s.run(None, feeds)    # Y: the outputs' flattened values in output order
+        return np.concatenate([np.asarray(y, dtype=np.float64).reshape(-1) for y in ys])
 
 
 def check_counterexample(models: ModelCache, onnx_path, vnnlib_path, x, y) -> str | None:

@@ -2,14 +2,28 @@
 
 Every ONNX tensor is either a constant (a numpy array: initializers, Constant outputs, folded
 subgraphs) or `Computed` (it depends on the network input and is produced by an IR node).
-Handlers read ONNX axes in the model's full shapes (batch axis first, size 1) and emit IR nodes
-whose shapes are per sample; output shapes come from the runtime op itself, so the IR and the
-kernels can never disagree.
+Handlers read ONNX axes in the model's full shapes and emit IR nodes whose shapes are per
+sample; output shapes come from the runtime op itself, so the IR and the kernels can never
+disagree.
+
+The batch axis. The ONNX model runs one sample (batch 1); the bound program runs B boxes, so
+every IR tensor is (B, *shape) with `shape` the sample's. A computed ONNX tensor whose shape
+starts with the batch axis is `batched` (its ONNX shape is (1, *shape)). Exporters also move
+that size-1 axis (a Transpose (1, N) -> (N, 1), Flatten on axis 2 of (1, C, H, W) -> (C, HW),
+Squeeze of axis 0, a Gather of element 0 on it): at batch 1 those are per-sample layout
+changes of the same elements, so the result is the tensor itself with no batch axis
+(`batched` False: its ONNX shape is its sample shape). This is sound because the model's
+semantics is a function of one sample; it is general because every handler reads ONNX axes
+through `full_shape`, whichever layout a tensor has. A new tensor is batched exactly when its
+ONNX shape has rank >= 2 and a leading 1 (`sample_layout`), so equal ONNX shapes have equal
+sample shapes. Ops that need a real batch axis (Conv, pooling) say so when it is missing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import math
 
 import numpy as np
 import torch
@@ -24,10 +38,20 @@ from shardbound.runtime.ops import OP_TYPES
 class Computed:
     node: str
     shape: tuple[int, ...]          # per sample
+    batched: bool = True            # the ONNX tensor is (1, *shape); else it is `shape`
 
     @property
     def full_shape(self) -> tuple[int, ...]:
-        return (1, *self.shape)
+        return (1, *self.shape) if self.batched else tuple(self.shape)
+
+
+def sample_layout(full) -> tuple[tuple[int, ...], bool]:
+    """(sample shape, batched) of a new computed tensor whose ONNX shape is `full` (see the
+    module docstring)."""
+    full = tuple(int(d) for d in full)
+    if len(full) >= 2 and full[0] == 1:
+        return full[1:], True
+    return full, False
 
 
 class LoweringContext:
@@ -40,6 +64,7 @@ class LoweringContext:
         self.tensors: dict[str, np.ndarray] = {}
         self.names = Namespace()
         self.onnx_node = None       # the node being lowered (for messages)
+        self.graph_outputs: set[str] = set()    # names of the model's output tensors
 
     # -- messages ------------------------------------------------------------------------------
     def where(self) -> str:
@@ -92,6 +117,11 @@ class LoweringContext:
             raise self.error(f"{what} ({tensor.name!r}) is constant; expected a computed tensor")
         return v
 
+    def used(self, tensor) -> bool:
+        """Whether a node output is read by another node or is a model output (a handler
+        need not lower the unused outputs of a multi-output op)."""
+        return bool(getattr(tensor, "outputs", None)) or tensor.name in self.graph_outputs
+
     def optional_input(self, node, i: int):
         if len(node.inputs) > i and node.inputs[i].name != "":
             return node.inputs[i]
@@ -107,8 +137,9 @@ class LoweringContext:
         self.values[tensor.name] = value
 
     def emit(self, kind: str, inputs: list[Computed], out_tensor=None, params=None, attrs=None,
-             hint: str = "") -> Computed:
-        """Add an IR node; its output shape comes from running the runtime op on zeros."""
+             hint: str = "", batched: bool | None = None) -> Computed:
+        """Add an IR node; its output shape comes from running the runtime op on zeros. The
+        output keeps the first input's layout (batched or not) unless `batched` says."""
         params = {k: v for k, v in (params or {}).items() if v is not None}
         attrs = dict(attrs or {})
         onnx_name = ""
@@ -137,37 +168,65 @@ class LoweringContext:
         self.nodes.append(Node(name=name, op=kind, inputs=tuple(i.node for i in inputs),
                                shape=op.shape, params=tuple(keys),
                                attrs=tuple(sorted(attrs.items())), origin=origin))
-        value = Computed(name, op.shape)
+        if batched is None:
+            batched = inputs[0].batched if inputs else True
+        value = Computed(name, op.shape, batched)
         if out_tensor is not None:
             self.values[out_tensor.name] = value
         return value
 
     # -- axes and broadcasting -----------------------------------------------------------------
     def sample_constant(self, array: np.ndarray, x: Computed, what: str) -> np.ndarray:
-        """A constant that broadcasts against x's full shape, as a per-sample array."""
+        """A constant that broadcasts against x's full shape, as a per-sample array (a
+        constant that would grow x is the caller's to expand x for: see `broadcast_shape`)."""
         array = np.asarray(array, dtype=np.float32)
         full = x.full_shape
-        try:
-            out_shape = np.broadcast_shapes(array.shape, full)
-        except ValueError:
-            raise self.error(f"{what} of shape {array.shape} does not broadcast to {full}") from None
+        out_shape = self.broadcast_shape(full, array.shape, what=what)
         if out_shape != full:
             raise self.error(f"{what} of shape {array.shape} would grow the tensor {full} to "
                              f"{out_shape}; only constants that broadcast into it are supported")
         if array.ndim < len(full):
             array = array.reshape((1,) * (len(full) - array.ndim) + array.shape)
-        return np.ascontiguousarray(array[0])
+        return np.ascontiguousarray(array[0] if x.batched else array)
 
-    def reshaped(self, x: Computed, full_out: tuple[int, ...], out_tensor, why: str) -> None:
-        """Emit a reshape to `full_out` (a full ONNX shape); the batch axis must stay first."""
+    def broadcast_shape(self, *shapes, what: str = "the operands") -> tuple[int, ...]:
+        """The ONNX (numpy) broadcast of full shapes, or a one-line error."""
+        try:
+            return tuple(int(d) for d in np.broadcast_shapes(*(tuple(s) for s in shapes)))
+        except ValueError:
+            raise self.error(f"{what} of shapes {[tuple(s) for s in shapes]} do not broadcast "
+                             "together") from None
+
+    def reshaped(self, x: Computed, full_out: tuple[int, ...], out_tensor, why: str = "",
+                 ) -> Computed:
+        """x's elements, in order, as the ONNX shape `full_out`: an alias when the sample
+        shape stays, else a reshape (a view). The batch axis may come or go (see the module
+        docstring)."""
         full_out = tuple(int(d) for d in full_out)
-        if not full_out or full_out[0] != 1:
-            raise self.error(f"{why} gives shape {full_out}, which moves the batch axis (size 1) "
-                             "away from the front; only per-sample layout changes are supported")
-        if full_out[1:] == x.shape:
-            self.alias(out_tensor, x)
-            return
-        self.emit("reshape", [x], out_tensor, attrs={"target": full_out[1:]})
+        if math.prod(full_out) != math.prod(x.full_shape):
+            raise self.error(f"{why or 'a reshape'} of {x.full_shape} into {full_out} changes "
+                             "the number of elements")
+        shape, batched = sample_layout(full_out)
+        if shape == tuple(x.shape):
+            value = Computed(x.node, shape, batched)
+            if out_tensor is not None:
+                self.alias(out_tensor, value)
+            return value
+        return self.emit("reshape", [x], out_tensor, attrs={"target": shape}, batched=batched)
+
+    def canonical(self, x: Computed) -> Computed:
+        """x in the layout `sample_layout` gives its ONNX shape (multi-input ops compare
+        sample shapes)."""
+        shape, batched = sample_layout(x.full_shape)
+        if shape == tuple(x.shape) and batched == x.batched:
+            return x
+        return self.reshaped(x, x.full_shape, None)
+
+    def need_batched(self, x: Computed, what: str) -> None:
+        """A one-line error unless x has the batch axis first (convolutions and pools)."""
+        if not x.batched:
+            raise self.error(f"{what} needs the batch axis (size 1) first, but its input "
+                             f"{x.full_shape} has none (an earlier op moved it)")
 
 
 def torch_dtype_ok(dtype) -> bool:

@@ -8,6 +8,7 @@ are: graphsurgeon treats those inputs as constants.
 
 from __future__ import annotations
 
+import math
 import os
 from types import MappingProxyType
 
@@ -20,7 +21,8 @@ from onnx.reference import ReferenceEvaluator
 from shardbound.compiler.context import Computed, LoweringContext
 from shardbound.compiler.errors import ShardboundError
 from shardbound.compiler.ir import Graph, Node
-from shardbound.compiler.lowering import find_handler, has_constant_output, supported_ops
+from shardbound.compiler.lowering import (constant_only_reason, find_handler,
+                                          has_constant_output, supported_ops)
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 MAX_LISTED = 12          # unsupported ops named in one error line
@@ -70,6 +72,7 @@ def import_onnx(path: str, max_elements: int | None = None) -> Graph:
     graph.cleanup().toposort()
     _check_supported(graph, source, opset)
     ctx = LoweringContext(source, opset, max_elements or MAX_ELEMENTS)
+    ctx.graph_outputs = {t.name for t in graph.outputs}
     input_name = _lower_input(ctx, graph)
     for node in graph.nodes:
         ctx.onnx_node = node
@@ -93,11 +96,46 @@ def _lower_input(ctx: LoweringContext, graph) -> str:
         if isinstance(t, gs.Constant):
             ctx.set_const(t, t.values)
     inputs = [t for t in graph.inputs if isinstance(t, gs.Variable)]
-    if len(inputs) != 1:
-        names = ", ".join(repr(t.name) for t in inputs) or "none"
-        raise ShardboundError(f"{ctx.source}: the model has {len(inputs)} inputs ({names}); "
-                              "shardbound bounds models with exactly one input tensor")
-    x = inputs[0]
+    if not inputs:
+        raise ShardboundError(f"{ctx.source}: the model has no input tensor")
+    layouts = [_input_layout(ctx, x) for x in inputs]
+    name = ctx.names.name("input")
+    if len(inputs) == 1:
+        (dims, batched), = layouts
+        ctx.check_size(dims, f"input {inputs[0].name!r}")
+        ctx.nodes.append(Node(name=name, op="input", inputs=(), shape=tuple(dims),
+                              origin=f"input {inputs[0].name!r}{_dtype_note(inputs[0])}"))
+        ctx.alias(inputs[0], Computed(name, tuple(dims), batched))   # batch-less: context.py
+        return inputs[0].name
+    # Several inputs: one flat input node holding their values in input order (the property's
+    # X_i as VNN-COMP numbers them); each ONNX input is a move of it (a range, reshaped).
+    from shardbound.compiler.lowering.movement import emit_move
+
+    sizes = [math.prod(dims) for dims, _ in layouts]
+    total = sum(sizes)
+    ctx.check_size((total,), "the inputs together")
+    names = ", ".join(f"{x.name!r}{_dtype_note(x)}" for x in inputs)
+    ctx.nodes.append(Node(name=name, op="input", inputs=(), shape=(total,),
+                          origin=f"inputs {names} (flattened, in order)"))
+    flat = Computed(name, (total,), False)
+    offset = 0
+    for x, (dims, batched), n in zip(inputs, layouts, sizes):
+        full = (1, *dims) if batched else tuple(dims)
+        emit_move(ctx, [flat], [("range", 0, offset, offset + n, 1), ("reshape", full)], full, x)
+        offset += n
+    return ",".join(x.name for x in inputs)
+
+
+def _dtype_note(x) -> str:
+    """' (float64, computed in float32)' for an input not declared float32 (inspect shows it)."""
+    if x.dtype is None or np.dtype(x.dtype) == np.float32:
+        return ""
+    return f" ({np.dtype(x.dtype)}, computed in float32)"
+
+
+def _input_layout(ctx: LoweringContext, x) -> tuple[list[int], bool]:
+    """(sample dims, batched) of one graph input, or a one-line error. A first axis of size 1
+    or symbolic is the batch axis; one of another fixed size is a data axis (no batch axis)."""
     if x.dtype is not None and np.dtype(x.dtype).kind != "f":
         raise ShardboundError(f"{ctx.source}: input {x.name!r} has type {np.dtype(x.dtype)}; "
                               "a floating-point input is required")
@@ -105,24 +143,17 @@ def _lower_input(ctx: LoweringContext, graph) -> str:
     if not shape:
         raise ShardboundError(f"{ctx.source}: input {x.name!r} has no static shape; "
                               "re-export the model with a fixed input shape")
+    batched = not (isinstance(shape[0], int) and shape[0] > 1)
     dims = []
     for i, d in enumerate(shape):
-        if i == 0 and (not isinstance(d, int) or d in (1, -1)):
+        if i == 0 and batched and (not isinstance(d, int) or d in (1, -1)):
             continue  # the batch axis: symbolic or 1
         if not isinstance(d, int) or d <= 0:
             raise ShardboundError(f"{ctx.source}: input {x.name!r} has a dynamic dimension "
                                   f"{d!r} at axis {i} (shape {shape}); re-export the model with "
                                   "a fixed input shape")
         dims.append(int(d))
-    if isinstance(shape[0], int) and shape[0] not in (1, -1):
-        raise ShardboundError(f"{ctx.source}: input {x.name!r} has shape {shape}; the first "
-                              "axis must be a batch axis of size 1 (or symbolic)")
-    ctx.check_size(dims, f"input {x.name!r}")
-    name = ctx.names.name("input")
-    ctx.nodes.append(Node(name=name, op="input", inputs=(), shape=tuple(dims),
-                          origin=f"input {x.name!r}"))
-    ctx.alias(x, Computed(name, tuple(dims)))
-    return x.name
+    return dims, batched
 
 
 def _check_supported(graph, source: str, opset: int) -> None:
@@ -147,8 +178,14 @@ def _check_supported(graph, source: str, opset: int) -> None:
         listed = ", ".join(f"{op} (opset {opset}, first node {name!r})" for op, name in shown)
         if len(missing) > MAX_LISTED:
             listed += f" and {len(missing) - MAX_LISTED} more"
-        raise ShardboundError(f"{source}: {len(missing)} unsupported op(s): {listed}; supported "
-                              f"ops: {', '.join(supported_ops())}")
+        reasons: dict[str, list[str]] = {}
+        for op in missing:
+            why = constant_only_reason(op)
+            if why:
+                reasons.setdefault(why, []).append(op)
+        notes = "".join(f"; {', '.join(ops)}: {why}" for why, ops in reasons.items())
+        raise ShardboundError(f"{source}: {len(missing)} unsupported op(s): {listed}{notes}; "
+                              f"supported ops: {', '.join(supported_ops())}")
 
 
 def _lower_node(ctx: LoweringContext, node, opset: int) -> None:
@@ -200,11 +237,26 @@ def _used(nodes: list[Node], output: str) -> list[Node]:
 
 
 def _single_output(ctx: LoweringContext, graph) -> Computed:
-    if len(graph.outputs) != 1:
-        raise ShardboundError(f"{ctx.source}: the model has {len(graph.outputs)} outputs; "
-                              "shardbound bounds models with exactly one output")
-    out = graph.outputs[0]
-    value = ctx.values.get(out.name)
-    if not isinstance(value, Computed):
-        raise ShardboundError(f"{ctx.source}: output {out.name!r} does not depend on the input")
-    return value
+    """The model's output; several outputs are one flat tensor of their values in output order
+    (the property's Y_j as VNN-COMP numbers them), a move of them."""
+    from shardbound.compiler.lowering.movement import emit_move
+
+    if not graph.outputs:
+        raise ShardboundError(f"{ctx.source}: the model has no output")
+    values = []
+    for out in graph.outputs:
+        value = ctx.values.get(out.name)
+        if not isinstance(value, Computed):
+            raise ShardboundError(f"{ctx.source}: output {out.name!r} does not depend on the "
+                                  "input")
+        values.append(value)
+    if len(values) == 1:
+        return values[0]
+    flats = [ctx.reshaped(v, (math.prod(v.shape),), None, "output") for v in values]
+    distinct, where = [], []          # one input per distinct tensor (an output listed twice)
+    for f in flats:
+        if f not in distinct:
+            distinct.append(f)
+        where.append(distinct.index(f))
+    total = sum(f.shape[0] for f in flats)
+    return emit_move(ctx, distinct, [("concat", 0, tuple(where))], (total,))

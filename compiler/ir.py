@@ -88,8 +88,10 @@ def dump(graph: Graph) -> str:
     annotations come from the printer program.py's comments use too (passes/annotations)."""
     from shardbound.passes.annotations import notes as annotation_notes
 
+    origin = graph.input.origin      # named when more than one float32 input: several, a cast
+    source = f" = {origin}" if origin and origin != f"input {graph.input_name!r}" else ""
     lines = [f"graph {graph.source}: input {graph.input.name}{format_shape(graph.input.shape)}"
-             f" -> output {graph.output}"]
+             f"{source} -> output {graph.output}"]
     for n in graph.nodes:
         args = ", ".join(n.inputs)
         params = " ".join(f"{role}={key}{format_shape(graph.tensors[key].shape)}"

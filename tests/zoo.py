@@ -444,3 +444,92 @@ OP_ZOO.update({
     "tp_maxpool_cnn": tp_maxpool_cnn,
     "tp_pad_cnn": tp_pad_cnn,
 })
+
+
+# -- data movement (issue 14): branches merged by Concat / Add / Mul, upsampling, zone moves ------
+def _ints(*v):
+    return np.array(v, dtype=np.int64)
+
+
+def branch_concat_cnn(rng):
+    """One tensor feeding four branches merged again: Conv -> ReLU -> (Slice rows | Transpose
+    of the spatial axes * 0.5 | Gather columns + a constant | nothing); Concat on channels with
+    a constant channel, Add, ReduceMean, Split, Gemm."""
+    b = Builder(rng, (1, 3, 4))
+    h = b.relu(b.op("Conv", ["x", b.const(b.weight(3, 1, 2, 2)),
+                             b.const(rng.normal(0, 0.1, (3,)))], pads=[1, 1, 0, 1]))   # (3, 3, 5)
+    s = b.op("Slice", [h, b.const(_ints(0)), b.const(_ints(3)), b.const(_ints(3)),
+                       b.const(_ints(1))])                                           # (3, 3, 3)
+    t = b.op("Mul", [b.op("Transpose", [b.op("Slice", [h, b.const(_ints(1)), b.const(_ints(4)),
+                                                       b.const(_ints(3))])],
+                          perm=[0, 1, 3, 2]), b.const(np.float32(0.5))])             # (3, 3, 3)
+    g = b.op("Add", [b.op("Gather", [h, b.const(_ints(4, 0, 2))], axis=3),
+                     b.const(rng.normal(0, 0.2, (3, 1, 3)))])                        # (3, 3, 3)
+    c = b.op("Concat", [s, t, b.const(rng.normal(0, 0.5, (1, 1, 3, 3))), g], axis=1)  # (10, 3, 3)
+    c = b.op("Add", [c, b.op("Concat", [g, s, t, b.const(np.zeros((1, 1, 3, 3), np.float32))],
+                             axis=1)])
+    r = b.relu(b.op("ReduceMean", [c], axes=[2], keepdims=0))                       # (10, 3)
+    first, second = b.op("Split", [r, b.const(_ints(6, 4))], n_out=2, axis=1), None
+    second = first[:-1] + "1"
+    m = b.op("Concat", [b.op("Flatten", [first], axis=1), b.op("Flatten", [second], axis=1)],
+             axis=1)
+    return b.build(b.gemm(m, 30, 3)), b.input_shape
+
+
+def upsample_mlp(rng):
+    """A generator-like net: Gemm -> Reshape (4, 2, 2) -> ConvTranspose (stride 2) -> ReLU ->
+    Resize (nearest x2) -> Conv (stride 2) -> ReLU -> Resize (linear, half-pixel) -> Flatten ->
+    Gemm; 5 inputs."""
+    b = Builder(rng, (5,))
+    h = b.op("Reshape", [b.gemm("x", 5, 16), b.const(_ints(1, 4, 2, 2))])
+    h = b.relu(b.op("ConvTranspose", [h, b.const(b.weight(4, 3, 3, 3)),
+                                      b.const(rng.normal(0, 0.1, (3,)))], strides=[2, 2]))
+    h = b.op("Resize", [h, b.const(np.zeros(0, np.float32)),
+                        b.const(np.array([1, 1, 2, 2], np.float32))], mode="nearest")
+    h = b.relu(b.op("Conv", [h, b.const(b.weight(2, 3, 3, 3)), b.const(rng.normal(0, 0.1, (2,)))],
+                    strides=[2, 2]))                                                  # (2, 4, 4)
+    h = b.op("Resize", [h, b.const(np.zeros(0, np.float32)),
+                        b.const(np.array([1, 1, 0.6, 0.6], np.float32))], mode="linear")
+    return b.build(b.gemm(b.op("Flatten", [h], axis=1), 8, 3)), b.input_shape
+
+
+def slice_gather_mlp(rng):
+    """pensieve / ml4acopf patterns: a (2, 6) input sliced, gathered and split into branches,
+    each through its own layer (MatMul, W @ x on a transposed row), concatenated."""
+    b = Builder(rng, (2, 6))
+    a = b.op("Gather", ["x", b.const(np.array(0, np.int64))], axis=1)               # (1, 6)
+    c = b.op("Slice", ["x", b.const(_ints(1)), b.const(_ints(2)), b.const(_ints(1))])  # (1, 1, 6)
+    c = b.op("Reshape", [c, b.const(_ints(1, 6))])
+    ct = b.op("Transpose", [c], perm=[1, 0])                                        # (6, 1)
+    wc = b.op("Transpose", [b.op("MatMul", [b.const(b.weight(8, 6)), ct])], perm=[1, 0])
+    p, q = b.op("Split", [a, b.const(_ints(4, 2))], n_out=2, axis=1), None
+    q = p[:-1] + "1"
+    hp = b.relu(b.op("MatMul", [p, b.const(b.weight(4, 6))]))
+    hq = b.relu(b.gemm(q, 2, 6))
+    h = b.op("Concat", [hp, hq, b.relu(wc)], axis=1)                               # (1, 20)
+    h = b.op("Sum", [b.gemm(h, 20, 8), b.op("Slice", [h, b.const(_ints(0)), b.const(_ints(8)),
+                                                      b.const(_ints(1))])])
+    return b.build(b.gemm(b.relu(h), 8, 3)), b.input_shape
+
+
+def tp_move_cnn(rng, channels=260):
+    """A conv tp zone holding data movement that acts on each channel alone: Conv 1 -> 260,
+    ReLU, Slice (spatial), Resize (linear), ReduceSum over rows (keepdims), Conv 260 -> 3."""
+    b = Builder(rng, (1, 3, 4))
+    h = b.relu(b.op("Conv", ["x", b.const(b.weight(channels, 1, 2, 2)),
+                             b.const(rng.normal(0, 0.1, (channels,)))], pads=[1, 1, 1, 1]))
+    h = b.op("Slice", [h, b.const(_ints(1, 0)), b.const(_ints(4, 4)), b.const(_ints(2, 3)),
+                       b.const(_ints(1, 2))])                                       # (260, 3, 2)
+    h = b.op("Resize", [h, b.const(np.zeros(0, np.float32)),
+                        b.const(np.array([1, 1, 1, 2], np.float32))], mode="linear")  # (260, 3, 4)
+    h = b.op("ReduceSum", [h, b.const(_ints(2))], keepdims=1)                       # (260, 1, 4)
+    h = b.op("Conv", [h, b.const(b.weight(3, channels, 1, 2)), b.const(rng.normal(0, 0.1, (3,)))])
+    return b.build(b.gemm(b.op("Flatten", [b.relu(h)], axis=1), 9, 3)), b.input_shape
+
+
+OP_ZOO.update({
+    "branch_concat_cnn": branch_concat_cnn,
+    "upsample_mlp": upsample_mlp,
+    "slice_gather_mlp": slice_gather_mlp,
+    "tp_move_cnn": tp_move_cnn,
+})

@@ -5,8 +5,9 @@ by the schema version the model's opset selects (`onnx.defs.get_schema(op,
 max_inclusive_version=opset).since_version`), so an op whose signature changed between opsets
 (Squeeze's axes moved from an attribute to an input in opset 13) gets the right handler.
 Each op family lives in its own module, named as its kernels' module under runtime/ops/
-(linear, conv, pooling, activation, arithmetic, layout, smooth, exponential, periodic, gated);
-importing this package registers them all. Registering one (domain, op, version) twice is an error at import.
+(linear, conv, pooling, activation, arithmetic, layout, smooth, exponential, periodic, gated,
+movement, reduction, constants); importing this package registers them all. Registering one
+(domain, op, version) twice is an error at import.
 """
 
 from __future__ import annotations
@@ -73,6 +74,21 @@ def lower_quotient(ctx, node, a, b) -> bool:
     return any(fn(ctx, node, a, b) for fn in _QUOTIENTS)
 
 
+_CONSTANT_ONLY: dict[tuple[str, str], str] = {}
+
+
+def register_constant_only(op_types, why: str, domain: str = "") -> None:
+    """Ops that shardbound evaluates only on constants (they are folded at compile time):
+    applied to the network input they are discrete or dynamic, with no linear bound. `why`
+    ends the unsupported-op message for a node whose input is computed."""
+    for op in op_types:
+        _CONSTANT_ONLY[(domain, op)] = why
+
+
+def constant_only_reason(op_type: str, domain: str = "") -> str | None:
+    return _CONSTANT_ONLY.get((domain, op_type))
+
+
 def supported_ops() -> list[str]:
     return sorted(op for (_, op) in _REGISTRY)
 
@@ -101,5 +117,6 @@ def find_handler(op_type: str, opset: int, domain: str = "") -> Handler | None:
 
 
 # Register every op family (imported for their side effect on _REGISTRY).
-from shardbound.compiler.lowering import (activation, arithmetic, conv, exponential,  # noqa: E402,F401
-                                           gated, layout, linear, periodic, pooling, smooth)
+from shardbound.compiler.lowering import (activation, arithmetic, constants, conv,  # noqa: E402,F401
+                                           exponential, gated, layout, linear, movement,
+                                           periodic, pooling, reduction, smooth)

@@ -66,8 +66,8 @@ def _axes(ctx, node, required: bool):
 def lower_squeeze(ctx, node):
     x = ctx.computed(node.inputs[0])
     axes = _axes(ctx, node, required=False)
-    if axes is None:        # every size-1 axis, but the batch axis stays
-        out = (1, *(d for d in x.shape if d != 1))
+    if axes is None:        # every size-1 axis (the batch axis too: see context.py)
+        out = np.squeeze(_dummy(x)).shape
     else:
         try:
             out = np.squeeze(_dummy(x), axis=tuple(axes)).shape
@@ -97,13 +97,23 @@ def lower_transpose(ctx, node):
     perm = [int(p) for p in node.attrs.get("perm", list(range(len(full)))[::-1])]
     if sorted(perm) != list(range(len(full))):
         raise ctx.error(f"perm {perm} is not a permutation of the {len(full)} axes")
+    permute(ctx, x, perm, node.outputs[0])
+
+
+def permute(ctx, x, perm, out_tensor=None):
+    """x's ONNX axes permuted: a view when only size-1 axes move, a `transpose` of the sample
+    axes when the batch axis stays first, else a `move` (the batch axis of size 1 goes
+    elsewhere: context.py)."""
+    from shardbound.compiler.lowering.movement import emit_move
+
+    full = x.full_shape
+    perm = [int(p) for p in perm]
     order = np.arange(int(np.prod(full))).reshape(full).transpose(perm)
     if np.array_equal(order.reshape(-1), np.arange(order.size)):
-        ctx.reshaped(x, order.shape, node.outputs[0], "Transpose")   # only size-1 axes move
-    elif perm[0] == 0:
-        ctx.emit("transpose", [x], node.outputs[0], attrs={"perm": tuple(p - 1 for p in perm[1:])})
-    else:
-        raise ctx.error(f"perm {perm} moves the batch axis; only per-sample transposes are supported")
+        return ctx.reshaped(x, order.shape, out_tensor, "Transpose")   # only size-1 axes move
+    if x.batched and perm[0] == 0 and len(order.shape) >= 2 and order.shape[0] == 1:
+        return ctx.emit("transpose", [x], out_tensor, attrs={"perm": tuple(p - 1 for p in perm[1:])})
+    return emit_move(ctx, [x], [("transpose", tuple(perm))], order.shape, out_tensor)
 
 
 @register("Constant", since=1, constant_output=True)
@@ -161,7 +171,9 @@ def lower_cast(ctx, node):
     to = int(node.attrs.get("to", 1))
     from onnx import TensorProto
     if to not in (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16):
-        raise ctx.error("a cast of a computed tensor to a non-float type is not supported")
+        raise ctx.error("a cast of a computed tensor to a non-float type is not supported: it "
+                        "depends on the network input, where it is a discrete (piecewise-"
+                        "constant) function with no linear bound; only constants are cast")
     ctx.alias(node.outputs[0], ctx.computed(node.inputs[0]))
 
 
@@ -190,14 +202,15 @@ def _pad(ctx, node, pads, value, axes=None):
     per_axis = [(0, 0)] * rank
     for i, a in enumerate(axes):
         per_axis[a] = (pads[i], pads[i + len(axes)])
-    if per_axis[0] != (0, 0):
+    if x.batched and per_axis[0] != (0, 0):
         raise ctx.error(f"pads {pads} pad the batch axis; only per-sample axes can be padded")
+    lead = 1 if x.batched else 0
     value = float(np.asarray(value, dtype=np.float32).reshape(-1)[0]) if value is not None else 0.0
     if not np.isfinite(value):
         raise ctx.error(f"constant value {value} is not finite; bounds through it would be "
                         "meaningless")
     try:
-        for n, (b, e) in zip(full[1:], per_axis[1:]):
+        for n, (b, e) in zip(full[lead:], per_axis[lead:]):
             pad_axis_source(n, b, e, mode)
     except ValueError as err:
         raise ctx.error(f"{err}") from None
@@ -205,7 +218,7 @@ def _pad(ctx, node, pads, value, axes=None):
         ctx.alias(node.outputs[0], x)
         return
     ctx.emit("pad", [x], node.outputs[0],
-             attrs={"pads": tuple(per_axis[1:]), "mode": mode,
+             attrs={"pads": tuple(per_axis[lead:]), "mode": mode,
                     "value": value if mode == "constant" else 0.0})
 
 

@@ -36,6 +36,7 @@ def _average(ctx, node, x, kernel, strides, pads, count_include_pad):
 @register("AveragePool", since=1)
 def lower_average_pool(ctx, node):
     x = ctx.computed(node.inputs[0])
+    ctx.need_batched(x, node.op)
     if len(x.shape) != 3:
         raise ctx.error(f"only 2-D average pooling is supported (input {x.full_shape})")
     if int(node.attrs.get("ceil_mode", 0)):
@@ -51,6 +52,7 @@ def lower_average_pool(ctx, node):
 @register("GlobalAveragePool", since=1)
 def lower_global_average_pool(ctx, node):
     x = ctx.computed(node.inputs[0])
+    ctx.need_batched(x, node.op)
     if len(x.shape) != 3:
         raise ctx.error(f"only 2-D global average pooling is supported (input {x.full_shape})")
     _average(ctx, node, x, tuple(x.shape[1:]), (1, 1), (0, 0, 0, 0), 1)
@@ -64,6 +66,7 @@ def _max_pool(ctx, node, dilations_and_ceil: bool):
     from shardbound.runtime.ops.pooling import pooled_size, window_sources
 
     x = ctx.computed(node.inputs[0])
+    ctx.need_batched(x, node.op)
     if len(x.shape) != 3:
         raise ctx.error(f"only 2-D max pooling is supported (input {x.full_shape})")
     if len(node.outputs) > 1 and node.outputs[1].name and node.outputs[1].outputs:
@@ -124,6 +127,7 @@ def lower_max_pool_10(ctx, node):
 @register("GlobalMaxPool", since=1)
 def lower_global_max_pool(ctx, node):
     x = ctx.computed(node.inputs[0])
+    ctx.need_batched(x, node.op)
     if len(x.shape) != 3:
         raise ctx.error(f"only 2-D global max pooling is supported (input {x.full_shape})")
     _emit_max_pool(ctx, node, x, tuple(x.shape[1:]), (1, 1), (0, 0, 0, 0), (1, 1), 0)

@@ -3,10 +3,11 @@ system reads (runtime/ops/base.py) and, when nonlinear, its relaxation
 (runtime/ops/relaxation.py).
 
 Families (each with a lowering module of the same name under compiler/lowering/): linear,
-conv, pooling, activation, arithmetic, layout, smooth, exponential, periodic, gated. Shared
-machinery: base.py (Op, traits, registry), relaxation.py (the relaxation interface),
-intercepts.py (lines with computed intercepts, for the smooth functions). `OP_TYPES` maps IR
-op kinds to classes; the generated program names classes as `ops.<Class>`, which resolves any
+conv, pooling, activation, arithmetic, layout, smooth, exponential, periodic, gated, movement,
+reduction. Shared machinery: base.py (Op, traits, registry), relaxation.py (the relaxation
+interface), intercepts.py (lines with computed intercepts, for the smooth functions),
+index_map.py (the index maps of the movement kernels). `OP_TYPES` maps IR op kinds to
+classes; the generated program names classes as `ops.<Class>`, which resolves any
 registered kernel (the module `__getattr__` below): a new family needs one import line here.
 
 May import: torch, `runtime.numerics`, `runtime.errors`. Nothing above them.
@@ -22,10 +23,12 @@ from shardbound.runtime.ops.activation import Relu
 from shardbound.runtime.ops.smooth import Erf, Sigmoid, Softsign, Tanh  # noqa: F401
 from shardbound.runtime.ops.pooling import MaxPool2d
 from shardbound.runtime.ops import exponential, gated, periodic  # noqa: F401  (registering)
+from shardbound.runtime.ops.movement import Move, Resample
+from shardbound.runtime.ops.reduction import ReduceSum
 
 __all__ = ["OP_TYPES", "Bounds", "NodeFacts", "Op", "register_op", "ElementwiseRelaxation",
            "Lines", "Input", "Pad", "Reshape", "Transpose", "Linear", "Conv2d", "Add", "Affine",
-           "Relu", "Sigmoid", "Tanh", "MaxPool2d"]
+           "Relu", "Sigmoid", "Tanh", "MaxPool2d", "Move", "Resample", "ReduceSum"]
 
 
 def __getattr__(name: str):

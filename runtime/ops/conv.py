@@ -172,3 +172,95 @@ class Conv2d(Op):
         cols = parts[0] if G == 1 else torch.cat(parts, dim=-1)
         cols = cols.transpose(1, 2).contiguous()                            # (N, C_in*kh*kw, L)
         return F.fold(cols, padded_hw, (kh, kw), dilation=self.dilations, stride=self.strides)
+
+
+@register_op
+class ConvTranspose2d(Op):
+    """2-D transposed convolution (ConvTranspose), weight (C_in, C_out / groups, kh, kw).
+
+    It is the adjoint of the convolution that maps its output shape back to its input shape
+    with the same weight, strides, pads, dilations and groups (output_padding only adds
+    output rows and columns that no input reaches): the forward pass is that convolution's
+    CROWN step (im2col products over input channels + F.fold of the patches under
+    blocked/exact, conv_transpose2d under fast), and the CROWN step is that convolution's
+    forward pass (im2col + ordered matmul). Both follow the summation order as Conv2d's do."""
+
+    kind = "conv_transpose2d"
+    param_roles = ("weight", "bias")
+
+    def setup(self, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), groups=1,
+              output_padding=(0, 0)):
+        self.strides = tuple(int(s) for s in strides)
+        self.pads = tuple(int(p) for p in pads)
+        self.dilations = tuple(int(d) for d in dilations)
+        self.groups = int(groups)
+        self.output_padding = tuple(int(p) for p in output_padding)
+
+    @classmethod
+    def summation_note(cls, facts, sums):
+        w = facts.param_shape("weight")
+        groups = facts.attrs.get("groups", 1)
+        text = (f"fwd over {sums(w[0] // groups)} (+ overlapping patches added by fold); "
+                f"bwd im2col over {sums(w[1] * w[2] * w[3])}")
+        if "bias" in facts.has_params:
+            text += f"; bias A.b over {sums(w[1] * groups)}"
+        return text
+
+    @classmethod
+    def absorb_affine_after(cls, facts, weight, bias, scale, shift):
+        sv, tv = per_feature(scale, 0), per_feature(shift, 0)
+        if sv is None or tv is None:
+            return None
+        G = facts.attrs.get("groups", 1)
+        cin, cout_g = weight.shape[:2]
+        w = weight.reshape(G, cin // G, cout_g, *weight.shape[2:]) * \
+            sv.reshape(G, 1, cout_g, 1, 1)
+        b = np.zeros_like(sv) if bias is None else bias
+        return w.reshape(weight.shape), b * sv + tv
+
+    def infer_shape(self):
+        cin, H, W = self.in_shapes[0]
+        w = self.params["weight"]
+        kh, kw = w.shape[2:]
+        (sh, sw), (dh, dw) = self.strides, self.dilations
+        pt, pl, pb, pr = self.pads
+        Ho = (H - 1) * sh + dh * (kh - 1) + 1 + self.output_padding[0] - pt - pb
+        Wo = (W - 1) * sw + dw * (kw - 1) + 1 + self.output_padding[1] - pl - pr
+        return (w.shape[1] * self.groups, Ho, Wo)
+
+    def _adjoint(self, weight) -> Conv2d:
+        """The convolution from this node's output shape to its input shape."""
+        return Conv2d(self.name, self.inputs, [self.shape], shape=self.in_shapes[0],
+                      params={"weight": weight}, order=self.order, strides=self.strides,
+                      pads=self.pads, dilations=self.dilations, groups=self.groups)
+
+    def _transposed(self, x, weight, with_bias=True):
+        (y,), _ = self._adjoint(weight).backward_linear(x.unsqueeze(1))
+        y = y[:, 0]
+        b = self.param("bias") if with_bias else None
+        return y + b.reshape(1, b.shape[0], 1, 1) if b is not None else y
+
+    def forward(self, x):
+        return self._transposed(x, self.param("weight"))
+
+    def ibp(self, b):
+        c, r = center_radius(*b)
+        w = self.param("weight")
+        yc = self._transposed(c, w)
+        yr = self._transposed(r, w.abs(), with_bias=False)
+        return yc - yr, yc + yr
+
+    def backward_linear(self, A):
+        B, S = self._rows(A)
+        adjoint = self._adjoint(self.param("weight"))
+        C_in, H, W = self.in_shapes[0]
+        A_in = adjoint._conv(A.reshape(B * S, *self.shape), adjoint.param("weight"),
+                             with_bias=False)[:, :, :H, :W]
+        A_in = A_in.contiguous().reshape(B, S, C_in, H, W)
+        b = self.param("bias")
+        bias = None
+        if b is not None:
+            Cout, Ho, Wo = self.shape
+            per_channel = contract.sum_last(A.reshape(B, S, Cout, Ho * Wo), self.order)
+            bias = contract.dot_last(per_channel, b, self.order)
+        return [A_in], bias

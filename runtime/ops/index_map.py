@@ -85,8 +85,6 @@ class IndexMap:
         read s, added one at a time in ascending output order (fixed, row-independent bits).
         Unsourced outputs are dropped (their part is the bias `a . fill`)."""
         readers = self.readers.to(a.device)
-        if readers.shape[0] == 0:
-            return a.new_zeros((*a.shape[:-1], self.n_in))
         padded = torch.cat([a, a.new_zeros((*a.shape[:-1], 1))], dim=-1)   # n_out: a zero slot
         out = padded.index_select(-1, readers[0])
         for j in range(1, readers.shape[0]):
@@ -95,19 +93,22 @@ class IndexMap:
 
     @property
     def depth(self) -> int:
-        """The most outputs that read one source (1: the map is injective)."""
+        """The most outputs that read one source (1: the map is injective; also 1 when no
+        source is read)."""
         return int(self.readers.shape[0])
 
 
 def _readers(flat: np.ndarray, n_in: int, n_out: int) -> np.ndarray:
     """(depth, n_in): readers[j, s] = the j-th smallest output index reading source s, or n_out
-    (a zero slot) when s has fewer than j + 1 readers."""
+    (a zero slot) when s has fewer than j + 1 readers. At least one row, so that the transpose
+    is always computed from its input (autograd then reaches the producers of an empty slice:
+    a tp rank without channels joins their collectives too)."""
     outs = np.nonzero(flat >= 0)[0]
     srcs = flat[outs]
     order = np.argsort(srcs, kind="stable")          # by source, then by output index
     srcs, outs = srcs[order], outs[order]
     counts = np.bincount(srcs, minlength=n_in) if srcs.size else np.zeros(n_in, dtype=np.int64)
-    depth = int(counts.max()) if counts.size else 0
+    depth = max(1, int(counts.max()) if counts.size else 0)
     starts = np.cumsum(counts) - counts
     rank = np.arange(srcs.size) - starts[srcs]
     readers = np.full((depth, n_in), n_out, dtype=np.int64)

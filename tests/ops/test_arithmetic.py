@@ -1,5 +1,7 @@
 """The arithmetic family (runtime/ops/arithmetic.py, compiler/lowering/arithmetic.py):
-constants on either side, broadcasting, sums of computed tensors, BatchNormalization."""
+constants on either side, broadcasting (also when it grows the computed tensor), sums of
+computed tensors and constants (Add, Sub, Sum), Where with a constant condition,
+BatchNormalization."""
 
 from __future__ import annotations
 
@@ -53,6 +55,71 @@ CASES = [
     OpCase("batchnorm", "BatchNormalization",
            lambda rng, o: conv_net(rng, o, (2, 5, 5), _batchnorm), opsets=(9, 15),
            reference=False),     # onnx 1.23's reference BatchNormalization disagrees with the spec
+]
+
+
+# -- broadcasting that grows the computed tensor, Sum, Where (issue 14) ------------------------------
+def _twice(shape, apply):
+    from test_movement import twice
+
+    return lambda rng, o: twice(rng, o, shape, lambda b, x, f: apply(b, x, f))
+
+
+def _grow(op, left=False):
+    """x (1, 2, 1, 4) op c (3, 4): the constant grows x to (1, 2, 3, 4)."""
+    import numpy as np
+
+    def apply(b, x, full):
+        h = b.op("ReduceSum", [x, b.const(np.array([2], dtype=np.int64))], keepdims=1)
+        c = b.const(b.rng.uniform(0.5, 1.5, (3, 4)))
+        return b.op(op, [c, h] if left else [h, c])
+    return apply
+
+
+def _computed_broadcast(op):
+    """x (1, 2, 3, 4) op its row sums (1, 2, 3, 1): two computed operands, one broadcast."""
+    import numpy as np
+
+    def apply(b, x, full):
+        s = b.op("ReduceSum", [b.op("Relu", [x]), b.const(np.array([3], dtype=np.int64))])
+        return b.op(op, [s, x] if op == "Sub" else [x, s])
+    return apply
+
+
+def _sum(b, x, full):
+    import numpy as np
+
+    r = b.op("Relu", [x])
+    col = b.op("ReduceSum", [x, b.const(np.array([3], dtype=np.int64))])
+    return b.op("Sum", [x, r, b.const(b.rng.normal(0, 1, (4,))), col, x])
+
+
+def _sum_8(b, x, full):
+    """Opset 8 (broadcasting Sum, ReduceSum's axes still an attribute)."""
+    col = b.op("ReduceSum", [x], axes=[3])
+    return b.op("Sum", [col, b.op("Relu", [x]), b.const(b.rng.normal(0, 1, (3, 1)))])
+
+
+def _where(both_computed):
+    def apply(b, x, full):
+        c = b.const(b.rng.uniform(size=(3, 1)) > 0.4)
+        other = b.op("Neg", [b.op("Relu", [x])]) if both_computed else \
+            b.const(b.rng.normal(0, 1, (2, 1, 4)).astype("float32"))
+        return b.op("Where", [c, x, other] if both_computed else [c, other, x])
+    return apply
+
+
+CASES += [
+    OpCase("add_grows", "Add", _twice((2, 3, 4), _grow("Add", left=True))),
+    OpCase("sub_grows", "Sub", _twice((2, 3, 4), _grow("Sub"))),
+    OpCase("mul_grows", "Mul", _twice((2, 3, 4), _grow("Mul", left=True))),
+    OpCase("div_grows", "Div", _twice((2, 3, 4), _grow("Div"))),
+    OpCase("add_computed_broadcast", "Add", _twice((2, 3, 4), _computed_broadcast("Add"))),
+    OpCase("sub_computed_broadcast", "Sub", _twice((2, 3, 4), _computed_broadcast("Sub"))),
+    OpCase("sum", "Sum", _twice((2, 3, 4), _sum), opsets=(13,)),
+    OpCase("sum_8", "Sum", _twice((2, 3, 4), _sum_8), opsets=(8,)),
+    OpCase("where_computed", "Where", _twice((2, 3, 4), _where(True)), opsets=(9, 16)),
+    OpCase("where_constant_operand", "Where", _twice((2, 3, 4), _where(False))),
 ]
 
 generate(CASES, globals())
