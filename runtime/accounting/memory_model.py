@@ -52,13 +52,31 @@ def _gathered_bytes(node: NodeShape, gathers: bool, streamed: bool, chunk: int) 
     return max(block, total - weight)
 
 
+def _starts_at_inputs(node: NodeShape, world: int, streamed: bool, chunk: int) -> bool:
+    """Whether a backward pass from `node` starts from its own rows at its inputs (the op's
+    closed-form `unit_backward`: runtime/engine/network.py) rather than from unit rows at the
+    node; a streamed linear weight has no closed form (it is never gathered whole)."""
+    from shardbound.runtime.ops.base import Op
+
+    cls = node.traits
+    if cls.relaxed or cls.unit_backward is Op.unit_backward:
+        return False
+    weight = math.prod(node.weight_shape) * F32 if node.weight_shape else 0
+    return not (streamed and world > 1 and cls.streams_weight and len(node.weight_shape) == 2
+                and weight > chunk)
+
+
 def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1,
                  spec_rows: int | None = None, shard_rows: bool | None = None,
-                 method: str = "crown", stream_chunk_bytes: int | None = None) -> dict:
+                 method: str = "crown", stream_chunk_bytes: int | None = None,
+                 crown_rows: dict | None = None) -> dict:
     """Predicted per-rank bytes: resident parameters, and the tracked peak of a run of
     `method` ("ibp" or "crown"). `shard_rows` None means single mode (whole parameters);
     False or True means fsdp without or with work sharding of the CROWN rows (the orders that
-    shard rows also stream large linear weights in blocks of `stream_chunk_bytes`)."""
+    shard rows also stream large linear weights in blocks of `stream_chunk_bytes`).
+    `crown_rows` (a run's `Network.bounded_rows`): how many neurons of each planned node CROWN
+    bounded; without it every neuron is assumed to be (the most a run can take: the compiler's
+    memory_plan pass predicts before any box is known)."""
     fsdp = shard_rows is not None
     streamed = bool(shard_rows) and stream_chunk_bytes is not None
     shard_rows = bool(shard_rows) and world > 1
@@ -90,10 +108,21 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
         """Peak of one backward pass from `target` with S rows."""
         nonlocal peak
         # live: name -> (lower bytes, upper bytes, shared storage?)
-        first = (S * math.prod(target.shape) if eye else batch * S * math.prod(target.shape)) * F32
-        live = {target.name: (first, first, True)}
-        a_prev = first
-        for node in reversed(nodes[:index[target.name] + 1]):
+        stop = index[target.name] + 1
+        if eye and _starts_at_inputs(target, world, streamed, stream_chunk_bytes or 0):
+            # the target's own rows at its inputs (shared by both sides, broadcast over B)
+            live = {name: (S * math.prod(by_name[name].shape) * F32,) * 2 + (True,)
+                    for name in target.inputs}
+            a_prev = sum(l for l, _, _ in live.values())
+            # the target's parameters are released before its rows enter the ledger
+            peak = max(peak, resident + bounds + max(a_prev, gathered[target.name]))
+            stop -= 1
+        else:
+            first = (S * math.prod(target.shape) if eye
+                     else batch * S * math.prod(target.shape)) * F32
+            live = {target.name: (first, first, True)}
+            a_prev = first
+        for node in reversed(nodes[:stop]):
             if node.name not in live or node.traits.is_input:
                 continue
             l_bytes, u_bytes, shared = live.pop(node.name)
@@ -117,7 +146,11 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
 
     for node in nodes:
         if node.crown_bounds and not node.traits.is_input:
-            backward(node, rows(math.prod(node.shape)), eye=True)
+            total = math.prod(node.shape)
+            if crown_rows is not None:
+                total = crown_rows.get(node.name, 0)
+            if total:
+                backward(node, rows(total), eye=True)
             bounds += 2 * batch * math.prod(node.shape) * F32
     out = by_name[output]
     backward(out, rows(spec_rows or math.prod(out.shape)), eye=False)

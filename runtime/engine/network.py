@@ -8,6 +8,17 @@ sigmoid, a max-pool: any op whose `relaxed` trait is set) get their bounds first
 topological order, by CROWN or IBP as the compiler's bound plan says. CROWN is not always
 tighter than IBP (deep nets, wide boxes), and both are sound, so every CROWN bound -- the
 intermediate ones and the final one -- is intersected with the IBP bound of the same node.
+
+Sparse intermediate bounds: a neuron's bounds matter only where a relaxed consumer loses
+something with them (`inexact_mask`: a stable ReLU neuron's relaxation is exact whatever its
+bounds), so CROWN bounds only the neurons that are inexact under the tightest bounds known
+before it (IBP, and a branch-and-bound prior); the others keep those bounds. The rows are
+chosen from bounds every rank holds alike (tp zone nodes agree through their own hook), and
+every kernel's rows are independent, so under `blocked` the final bounds keep the bits of
+bounding every neuron. A backward pass starts from the target's own rows (`Op.unit_backward`:
+rows of a weight matrix, no identity times weight), so a target that is an affine map of the
+input (the first layer) is bounded from its weights alone, without a backward pass.
+`crown_rows` records how many rows each pass propagated (`run --json` reports it).
 """
 
 from __future__ import annotations
@@ -44,6 +55,11 @@ class Network:
         # (CROWN-tightened ones included) instead of the plain IBP pass from the input box.
         self.refine_ibp = False
         self.tp = None                  # tp mode: the zone ops' shared context (runtime.tp)
+        # Rows propagated by the last bound computation: planned node -> neurons that CROWN's
+        # backward pass bounded (0: none, or bounded from its own weights alone); the output
+        # -> spec rows of the final pass. Zone nodes (tp) count this rank's neurons.
+        self.crown_rows: dict[str, int] = {}
+        self.bounded_rows: dict[str, int] = {}  # rows each pass started with (memory model)
         self.relaxed_consumers: dict[str, list[Op]] = {n.name: [] for n in self.nodes}
         for n in self.nodes:
             if n.relaxed:
@@ -104,6 +120,7 @@ class Network:
         known: dict[str, Bounds] = {}
         refined: dict[str, Bounds] = {}
         refine = self.refine_ibp and "ibp" in self.intermediate.values()
+        self.crown_rows, self.bounded_rows = {}, {}
         for n in self.nodes:
             if refine:
                 refined[n.name] = (n.ibp(*(refined[i] for i in n.inputs)) if n.inputs
@@ -119,10 +136,12 @@ class Network:
                 known[n.name] = base
             elif how == "ibp":
                 known[n.name] = _intersect(refined[n.name], base) if refine else base
-            elif prior is not None and n.name in prior:
-                known[n.name] = self._crown_unstable(n, lower, upper, known, base)
-            else:
+            elif refine and (prior is None or n.name not in prior):
+                # Later IBP bounds start from this node's (see refine_ibp), so every neuron's
+                # bound matters, exact relaxation or not.
                 known[n.name] = _intersect(self.crown_node(n, lower, upper, known), base)
+            else:
+                known[n.name] = self._crown_unstable(n, lower, upper, known, base)
             if splits is not None and n.name in splits:
                 lo, hi = known[n.name]
                 s = splits[n.name]
@@ -151,6 +170,7 @@ class Network:
         spec = self._spec_matrix(C, B)
         S = spec.shape[1]
         a, b = self.rows.my_range(S)
+        self.crown_rows[self.output.name] = S
         lo, hi = self.backward(self.output, spec[:, a:b], lower, upper, known, alphas, input_A,
                                lower_only, split_A, extra_A)
         ilo, ihi = self._ibp_spec(ibp[self.output.name], C, B)
@@ -197,6 +217,16 @@ class Network:
                 return True
         return False
 
+    def rows_over_ranks(self, every: list[dict]) -> dict[str, int]:
+        """`crown_rows` of the whole job from every rank's (in rank order): a tp zone node's
+        counts are its ranks' own neurons, so they add up; every other count is the same on
+        every rank."""
+        out = dict(every[0]) if every else {}
+        for name in out:
+            if hasattr(self.by_name[name], "crown_bounds"):
+                out[name] = sum(rows.get(name, 0) for rows in every)
+        return out
+
     # -- neurons held by this rank (tp zone nodes hold a channel slice) ------------------------
     def neuron_range(self, node: Op) -> tuple[int, int, int]:
         """(start, stop, total): the flat indices of `node`'s neurons that this rank holds."""
@@ -224,26 +254,58 @@ class Network:
                                 self.order)
 
     def crown_node(self, node: Op, lower, upper, known, index=None) -> Bounds:
-        """CROWN bounds of every neuron of `node` (an identity A-matrix), reshaped to it; with
-        `index` (flat neuron indices), of those neurons only: (B, len(index)). A tp zone node
-        (holding a slice of its neurons) bounds its own slice (runtime.tp)."""
+        """CROWN bounds of every neuron of `node`, reshaped to it; with `index` (flat neuron
+        indices), of those neurons only: (B, len(index)). The pass starts from the node's own
+        rows (`unit_backward`), so no identity A-matrix is built where the op can do without
+        one. A tp zone node (holding a slice of its neurons) bounds its own slice
+        (runtime.tp)."""
         if hasattr(node, "crown_bounds"):
-            return node.crown_bounds(self, lower, upper, known, index)
+            out = node.crown_bounds(self, lower, upper, known, index)
+            self.crown_rows[node.name] = self.bounded_rows[node.name] = (
+                math.prod(node.shape) if index is None else len(index))
+            return out
         B = lower.shape[0]
         size = math.prod(node.shape)
         rows = size if index is None else len(index)
         a, b = self.rows.my_range(rows)
-        if index is None:
-            eye = identity_rows(a, b, size, lower.dtype, lower.device)
-        else:
-            eye = unit_rows(index[a:b], size, lower.dtype, lower.device)
-        eye = eye.reshape(b - a, *node.shape)
-        A = eye.unsqueeze(0).expand(B, *eye.shape)
-        lo, hi = self.backward(node, A, lower, upper, known)
+        chosen = (torch.arange(a, b) if index is None else torch.as_tensor(index)[a:b])
+        lo, hi, propagated = self._rows_pass(node, chosen, lower, upper, known)
+        self.crown_rows[node.name] = rows if propagated else 0
+        self.bounded_rows[node.name] = rows
         both = self.rows.gather(torch.stack([lo, hi], dim=-1), rows)
         if index is not None:
             return both[..., 0], both[..., 1]
         return both[..., 0].reshape(B, *node.shape), both[..., 1].reshape(B, *node.shape)
+
+    def _rows_pass(self, node: Op, chosen: torch.Tensor, lower, upper, known):
+        """(lower, upper, propagated) of the neurons `chosen` of `node`: the node's own
+        backward step on its unit rows (closed form where the op has one), then the pass
+        through the rest of the network; `propagated` is False when nothing but the input was
+        left after the first step (an affine map of the box: bounded from its weights)."""
+        B = lower.shape[0]
+        start = None if node.relaxed else node.unit_backward(chosen.to(lower.device))
+        if start is None:
+            eye = unit_rows(chosen, math.prod(node.shape), lower.dtype, lower.device)
+            eye = eye.reshape(len(chosen), *node.shape)
+            lo, hi = self.backward(node, eye.unsqueeze(0).expand(B, *eye.shape), lower, upper,
+                                   known)
+            return lo, hi, True
+        A_ins, bias = start
+        k = len(chosen)
+        starts = {}
+        for name, A in zip(node.inputs, A_ins):
+            if A is None:
+                continue
+            A = A.expand(B, *A.shape[1:])
+            starts[name] = A if name not in starts else starts[name] + A
+        l_bias = torch.zeros(B, k, dtype=lower.dtype, device=lower.device)
+        if bias is not None:
+            l_bias = l_bias + bias
+        node.release()
+        propagated = any(name != self.input.name for name in starts)
+        lo, hi = self._propagate(node, starts, {n: A for n, A in starts.items()}, l_bias,
+                                 l_bias, lower, upper, known)
+        return lo, hi, propagated
 
     def _crown_unstable(self, node: Op, lower, upper, known, base: Bounds) -> Bounds:
         """`base` tightened by CROWN on the neurons whose relaxation is inexact under it in
@@ -253,6 +315,7 @@ class Network:
         index = torch.nonzero(self.inexact_mask(node, base).reshape(B, -1).any(dim=0)).reshape(-1)
         # A tp zone node may have to join collectives even with no neuron of its own to bound.
         if len(index) == 0 and not hasattr(node, "crown_bounds"):
+            self.crown_rows[node.name] = self.bounded_rows[node.name] = 0
             return base
         clo, chi = self.crown_node(node, lower, upper, known, index.cpu())
         lo, hi = blo.clone(), bhi.clone()
@@ -265,11 +328,18 @@ class Network:
         """Propagate A (B, S, *target.shape) back to the input and concretise over the box.
         With `lower_only`, the upper side is skipped and returned as None."""
         B, S = A.shape[:2]
-        lAs: dict[str, torch.Tensor] = {target.name: A}
-        uAs: dict[str, torch.Tensor | None] = {target.name: None if lower_only else A}
         l_bias = torch.zeros(B, S, dtype=A.dtype, device=A.device)
         u_bias = torch.zeros(B, S, dtype=A.dtype, device=A.device)
-        self.ledger.set("a_matrix", tensor_bytes([A]))
+        return self._propagate(target, {target.name: A},
+                               {target.name: None if lower_only else A}, l_bias, u_bias,
+                               lower, upper, known, alphas, input_A, split_A, extra_A)
+
+    def _propagate(self, target: Op, lAs: dict, uAs: dict, l_bias, u_bias, lower, upper, known,
+                   alphas=None, input_A=None, split_A=None, extra_A=None) -> Bounds:
+        """The backward pass from A-matrices standing at nodes up to `target` (lAs / uAs by
+        node name; uAs None: lower side only) and the bias terms gathered so far, down to the
+        input, concretised over the box."""
+        self.ledger.set("a_matrix", tensor_bytes([*lAs.values(), *uAs.values()]))
         stop = self.nodes.index(target)
         for n in reversed(self.nodes[:stop + 1]):
             if n.name not in lAs or n is self.input:

@@ -187,6 +187,14 @@ class Op:
         u_in, u_bias = self.backward_linear(uA)
         return l_in, u_in, l_bias, u_bias
 
+    def unit_backward(self, index: torch.Tensor):
+        """The backward step of the unit rows e_index (the neurons `index`, flat, of this
+        node's output), in closed form: (A per input, each (1, len(index), *in_shape) or None
+        for an input the rows do not reach; bias (1, len(index)) or None), bitwise what
+        `backward_linear` gives for those rows, without building them. None: no closed form
+        (the engine then propagates the unit rows through `crown_backward`)."""
+        return None
+
     # -- helpers ------------------------------------------------------------------------------
     def _dot(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """sum(a * b, -1) over this node's own elements (bias terms of the backward pass); tp

@@ -163,12 +163,54 @@ class Conv2d(Op):
         A_cols = A_flat.reshape(N, Cout, L).transpose(1, 2).contiguous()    # (N, L, Cout)
         out_per_group = Cout // G
         parts = []
-        for g in range(G):
-            wg = w[g * out_per_group:(g + 1) * out_per_group].reshape(
-                out_per_group, w.shape[1] * kh * kw)        # explicit: a tp rank may hold none
+        for g, wg_t in enumerate(self._group_weights_t(w)):
             parts.append(self._cout_product(
                 A_cols[..., g * out_per_group:(g + 1) * out_per_group].contiguous(),
-                wg.t().contiguous()))                                      # (N, L, cin_g*kh*kw)
+                wg_t))                                                     # (N, L, cin_g*kh*kw)
         cols = parts[0] if G == 1 else torch.cat(parts, dim=-1)
         cols = cols.transpose(1, 2).contiguous()                            # (N, C_in*kh*kw, L)
         return F.fold(cols, padded_hw, (kh, kw), dilation=self.dilations, stride=self.strides)
+
+    def _group_weights_t(self, w):
+        """Per group, its weights transposed (cin_g*kh*kw, out_per_group) and contiguous: the
+        backward product's operands, made once per program for a resident weight (an fsdp
+        shard is gathered per use, so it is transposed per use)."""
+        cached = getattr(self, "_weights_t_cache", None)
+        if cached is not None and cached[0] is w:
+            return cached[1]
+        G, kh, kw = self.groups, *w.shape[2:]
+        out_per_group = w.shape[0] // G
+        parts = [w[g * out_per_group:(g + 1) * out_per_group].reshape(
+                     out_per_group, w.shape[1] * kh * kw)     # explicit: a tp rank may hold none
+                 .t().contiguous() for g in range(G)]
+        if isinstance(self.params.get("weight"), torch.Tensor):
+            self._weights_t_cache = (w, parts)
+        return parts
+
+    def unit_backward(self, index):
+        """The unit rows e_index through the transposed convolution, in closed form: each row
+        is its output channel's kernel placed at the row's receptive field (the padding
+        cropped), exactly what backward_linear gives for it, without the transposed
+        convolution; the bias term is the channel's bias."""
+        if (type(self).backward_linear is not Conv2d.backward_linear
+                or type(self)._cout_product is not Conv2d._cout_product):
+            return None
+        w = self.param("weight")
+        Cout, cin_g, kh, kw = w.shape
+        C_in, H, W = self.in_shapes[0]
+        Ho, Wo = self.shape[1:]
+        pt, pl, pb, pr = self.pads
+        (sh, sw), (dh, dw) = self.strides, self.dilations
+        k, dev = len(index), w.device
+        o, y, x = index // (Ho * Wo), (index // Wo) % Ho, index % Wo
+        group = o // (Cout // self.groups)
+        A = w.new_zeros((k, C_in, H + pt + pb, W + pl + pr))
+        rows = torch.arange(k, device=dev).reshape(k, 1, 1, 1)
+        chans = (group * cin_g).reshape(k, 1, 1, 1) + torch.arange(cin_g, device=dev).reshape(1, -1, 1, 1)
+        ys = (y * sh).reshape(k, 1, 1, 1) + dh * torch.arange(kh, device=dev).reshape(1, 1, -1, 1)
+        xs = (x * sw).reshape(k, 1, 1, 1) + dw * torch.arange(kw, device=dev).reshape(1, 1, 1, -1)
+        A[rows, chans, ys, xs] = w.index_select(0, o)
+        A = A[:, :, pt:pt + H, pl:pl + W].contiguous()
+        b = self.param("bias")
+        bias = None if b is None else b.index_select(0, o).unsqueeze(0)
+        return [A.reshape(1, k, C_in, H, W)], bias

@@ -97,16 +97,30 @@ class ElementwiseRelaxation(Op):
 
     def _side(self, A, pos_slope, pos_icpt, neg_slope, neg_icpt):
         """pos * pos_line + neg * neg_line with pos = max(A, 0), neg = A - pos: one clamp,
-        and the bias terms summed in the program's order."""
+        and the bias terms summed in the program's order. Without gradients the step works
+        in place: the full-size temporaries are pos and the result alone (bits are those of
+        A * neg_slope + pos * (pos_slope - neg_slope), computed in that order)."""
         B, S = self._rows(A)
         pos = A.clamp(min=0)
-        A_in = A * neg_slope + pos * (pos_slope - neg_slope)
         bias = None
-        for coef, icpt in ((pos, pos_icpt), (None, neg_icpt)):
-            if icpt is None:
-                continue
-            coef = A - pos if coef is None else coef
-            flat = icpt.reshape(icpt.shape[0], icpt.shape[1], -1)
-            term = self._dot(coef.reshape(B, S, flat.shape[-1]), flat)
+        if pos_icpt is not None:
+            bias = self._bias_dot(pos, pos_icpt, B, S)
+        if neg_icpt is not None:
+            term = self._bias_dot(A - pos, neg_icpt, B, S)
             bias = term if bias is None else bias + term
-        return A_in, bias
+        A_in = A * neg_slope
+        step = pos_slope - neg_slope
+        if _differentiable(A, pos_slope, neg_slope) or A_in.shape != pos.shape:
+            return A_in + pos * step, bias
+        pos.mul_(step)
+        return A_in.add_(pos), bias
+
+    def _bias_dot(self, coef, icpt, B, S):
+        flat = icpt.reshape(icpt.shape[0], icpt.shape[1], -1)
+        return self._dot(coef.reshape(B, S, flat.shape[-1]), flat)
+
+
+def _differentiable(*tensors) -> bool:
+    """Whether autograd records through any of these (then nothing is done in place)."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                           for t in tensors)

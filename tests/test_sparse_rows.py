@@ -1,0 +1,92 @@
+"""Sparse intermediate bounds: CROWN propagates rows only for neurons whose relaxation is
+inexact, the first affine layer is bounded from its weights alone, and `run --json` reports
+the rows per node; the final bounds keep the bits of bounding every neuron (`blocked`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import zoo
+from conftest import random_box
+
+
+def _stable_neuron_mlp(rng):
+    """8 -> 16 -> ReLU -> 16 -> ReLU -> 4, where neuron 3 of the second layer has a bias so
+    large that it is active on any box of the test: stable, its ReLU exact."""
+    b = zoo.Builder(rng, (8,))
+    h = b.relu(b.gemm("x", 8, 16))
+    w = b.weight(16, 16)
+    bias = rng.normal(0, 0.1, size=16).astype(np.float32)
+    bias[3] = 100.0
+    h = b.relu(b.op("Gemm", [h, b.const(w), b.const(bias)], transB=1))
+    return b.build(b.gemm(h, 16, 4)), b.input_shape
+
+
+def _compile(tmp_path, model, name, **options):
+    from shardbound.compiler.driver import compile_model
+    from shardbound.passes.manager import PassOptions
+
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(model, path)
+    out = tmp_path / f"{name}_prog"
+    compile_model(str(path), str(out), PassOptions(**options))
+    return str(out)
+
+
+def test_run_json_reports_rows_first_layer_none_stable_neuron_none(tmp_path):
+    from shardbound.runtime import load
+
+    model, shape = _stable_neuron_mlp(np.random.default_rng(3))
+    program = _compile(tmp_path, model, "stable")
+    lo, hi = random_box(np.random.default_rng(4), shape, radius=0.5)
+    box = tmp_path / "box.json"
+    box.write_text(json.dumps({"lower": lo.tolist(), "upper": hi.tolist()}))
+    out = tmp_path / "out.json"
+    res = subprocess.run([sys.executable, "-m", "shardbound.compiler.cli", "run", program,
+                          "--box", str(box), "--json", str(out), "-q"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(out.read_text())["crown_rows"]
+
+    net = load(program).network
+    first, second = [n.name for n in net.nodes if net.intermediate.get(n.name) == "crown"]
+    assert rows[first] == 0                         # bounded from its weights, no backward pass
+    ibp = net.ibp_all(torch.tensor(lo).reshape(1, *shape), torch.tensor(hi).reshape(1, *shape))
+    l2, u2 = (t.reshape(-1) for t in ibp[second])
+    assert l2[3] > 0                                # the stable neuron ...
+    unstable = int(((l2 < 0) & (u2 > 0)).sum())
+    assert 0 < unstable < 16
+    assert rows[second] == unstable                 # ... takes no row, the unstable ones do
+    assert rows[net.output.name] == 4               # the final pass: one row per output
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn_batchnorm", "cnn_avgpool", "residual",
+                                  "layout_ops", "mlp_matmul_add"])
+def test_sparse_rows_keep_the_bits_of_bounding_every_neuron(tmp_path, name):
+    from shardbound.runtime import load
+
+    model, shape = zoo.build(name, 0)
+    net = load(_compile(tmp_path, model, name, summation="blocked")).network
+    lo, hi = (torch.tensor(t).reshape(1, *shape)
+              for t in random_box(np.random.default_rng(7), shape, radius=0.3))
+    with torch.no_grad():
+        lb, ub = net.crown(lo, hi)
+        sparse_rows = sum(net.bounded_rows.values())
+        ibp, known = net.ibp_all(lo, hi), {}
+        for n in net.nodes:                         # every neuron of every planned node
+            if n.name in net.intermediate:
+                base = ibp[n.name]
+                known[n.name] = base if n is net.input else tuple(
+                    f(a, b) for f, a, b in zip((torch.maximum, torch.minimum),
+                                               net.crown_node(n, lo, hi, known), base))
+        every_rows = sum(net.bounded_rows.values())
+        dense_lb, dense_ub = net.final_crown(ibp, known, lo, hi)
+    assert torch.equal(lb, dense_lb) and torch.equal(ub, dense_ub)
+    assert sparse_rows <= every_rows
