@@ -58,8 +58,13 @@ def test_run_json_reports_rows_first_layer_none_stable_neuron_none(tmp_path):
     net = load(program).network
     first, second = [n.name for n in net.nodes if net.intermediate.get(n.name) == "crown"]
     assert rows[first] == 0                         # bounded from its weights, no backward pass
-    ibp = net.ibp_all(torch.tensor(lo).reshape(1, *shape), torch.tensor(hi).reshape(1, *shape))
-    l2, u2 = (t.reshape(-1) for t in ibp[second])
+    blo, bhi = torch.tensor(lo).reshape(1, *shape), torch.tensor(hi).reshape(1, *shape)
+    with torch.no_grad():
+        ibp, known = net.intermediate_bounds(blo, bhi)
+        relu = next(n for n in net.nodes if n.inputs == (first,))
+        refined = net.by_name[second].ibp(relu.ibp(known[first]))   # IBP from CROWN's bounds
+    l2 = torch.maximum(ibp[second][0], refined[0]).reshape(-1)
+    u2 = torch.minimum(ibp[second][1], refined[1]).reshape(-1)
     assert l2[3] > 0                                # the stable neuron ...
     unstable = int(((l2 < 0) & (u2 > 0)).sum())
     assert 0 < unstable < 16
@@ -69,7 +74,7 @@ def test_run_json_reports_rows_first_layer_none_stable_neuron_none(tmp_path):
 
 @pytest.mark.parametrize("name", ["mlp", "cnn_batchnorm", "cnn_avgpool", "residual",
                                   "layout_ops", "mlp_matmul_add"])
-def test_sparse_rows_keep_the_bits_of_bounding_every_neuron(tmp_path, name):
+def test_sparse_rows_never_looser_than_bounding_every_neuron(tmp_path, name):
     from shardbound.runtime import load
 
     model, shape = zoo.build(name, 0)
@@ -88,5 +93,5 @@ def test_sparse_rows_keep_the_bits_of_bounding_every_neuron(tmp_path, name):
                                                net.crown_node(n, lo, hi, known), base))
         every_rows = sum(net.bounded_rows.values())
         dense_lb, dense_ub = net.final_crown(ibp, known, lo, hi)
-    assert torch.equal(lb, dense_lb) and torch.equal(ub, dense_ub)
+    assert bool((lb >= dense_lb).all()) and bool((ub <= dense_ub).all())
     assert sparse_rows <= every_rows

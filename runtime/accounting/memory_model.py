@@ -144,14 +144,28 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
             peak = max(peak, resident + bounds + a_now)
             a_prev = a_now
 
+    # The engine recomputes IBP from CROWN-tightened bounds (to choose the sparse rows): a
+    # node whose inputs' bounds were tightened gets new bounds of its own ("differs"), kept
+    # with the others and counted at the next planned node.
+    differs, pending = set(), 0
     for node in nodes:
-        if node.crown_bounds and not node.traits.is_input:
-            total = math.prod(node.shape)
-            if crown_rows is not None:
-                total = crown_rows.get(node.name, 0)
-            if total:
-                backward(node, rows(total), eye=True)
-            bounds += 2 * batch * math.prod(node.shape) * F32
+        planned = node.crown_bounds and not node.traits.is_input
+        if not planned:
+            if any(i in differs for i in node.inputs):
+                differs.add(node.name)
+                if not node.traits.is_view:
+                    pending += 2 * batch * math.prod(node.shape) * F32
+            continue
+        total = math.prod(node.shape)
+        if crown_rows is not None:
+            total = crown_rows.get(node.name, 0)
+        if total:
+            backward(node, rows(total), eye=True)
+        if total or any(i in differs for i in node.inputs):
+            bounds += 2 * batch * math.prod(node.shape) * F32      # new bounds of its own
+            differs.add(node.name)
+        bounds += pending
+        pending = 0
     out = by_name[output]
     backward(out, rows(spec_rows or math.prod(out.shape)), eye=False)
     return {"resident_param_bytes": resident, "peak_tracked_bytes": peak}

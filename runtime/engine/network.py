@@ -12,10 +12,10 @@ intermediate ones and the final one -- is intersected with the IBP bound of the 
 Sparse intermediate bounds: a neuron's bounds matter only where a relaxed consumer loses
 something with them (`inexact_mask`: a stable ReLU neuron's relaxation is exact whatever its
 bounds), so CROWN bounds only the neurons that are inexact under the tightest bounds known
-before it (IBP, and a branch-and-bound prior); the others keep those bounds. The rows are
-chosen from bounds every rank holds alike (tp zone nodes agree through their own hook), and
-every kernel's rows are independent, so under `blocked` the final bounds keep the bits of
-bounding every neuron. A backward pass starts from the target's own rows (`Op.unit_backward`:
+before it (IBP from the box, IBP recomputed from the CROWN-tightened bounds of earlier nodes,
+and a branch-and-bound prior); the others keep those bounds. The rows are chosen from bounds
+every rank holds alike (tp zone nodes agree through their own hook) and every kernel's rows
+are independent, so the bits do not depend on P, threads or row batching. A backward pass starts from the target's own rows (`Op.unit_backward`:
 rows of a weight matrix, no identity times weight), so a target that is an affine map of the
 input (the first layer) is bounded from its weights alone, without a backward pass.
 `crown_rows` records how many rows each pass propagated (`run --json` reports it).
@@ -120,12 +120,22 @@ class Network:
         known: dict[str, Bounds] = {}
         refined: dict[str, Bounds] = {}
         refine = self.refine_ibp and "ibp" in self.intermediate.values()
+        # Sparse rows are chosen under the tightest bounds known so far: IBP recomputed from
+        # the CROWN-tightened bounds of earlier nodes (where an input's bounds are still
+        # IBP's, the node's are too and are reused).
+        sharpen = not refine and "crown" in self.intermediate.values()
         self.crown_rows, self.bounded_rows = {}, {}
         for n in self.nodes:
             if refine:
                 refined[n.name] = (n.ibp(*(refined[i] for i in n.inputs)) if n.inputs
                                    else (lower, upper))
                 n.release()
+            elif sharpen:
+                if not n.inputs or all(refined[i] is ibp[i] for i in n.inputs):
+                    refined[n.name] = ibp[n.name]
+                else:
+                    refined[n.name] = n.ibp(*(refined[i] for i in n.inputs))
+                    n.release()
             how = self.intermediate.get(n.name)
             if how is None:
                 continue
@@ -141,13 +151,15 @@ class Network:
                 # bound matters, exact relaxation or not.
                 known[n.name] = _intersect(self.crown_node(n, lower, upper, known), base)
             else:
+                if sharpen and refined[n.name] is not ibp[n.name]:
+                    base = _intersect(refined[n.name], base)
                 known[n.name] = self._crown_unstable(n, lower, upper, known, base)
             if splits is not None and n.name in splits:
                 lo, hi = known[n.name]
                 s = splits[n.name]
                 known[n.name] = (torch.where(s > 0, lo.clamp(min=0), lo),
                                  torch.where(s < 0, hi.clamp(max=0), hi))
-            if refine:
+            if refine or sharpen:
                 refined[n.name] = known[n.name]
             self.ledger.set("bounds", tensor_bytes(
                 [t for b in ibp.values() for t in b] + [t for b in known.values() for t in b]
@@ -302,10 +314,10 @@ class Network:
         if bias is not None:
             l_bias = l_bias + bias
         node.release()
-        propagated = any(name != self.input.name for name in starts)
+        steps = []
         lo, hi = self._propagate(node, starts, {n: A for n, A in starts.items()}, l_bias,
-                                 l_bias, lower, upper, known)
-        return lo, hi, propagated
+                                 l_bias, lower, upper, known, steps=steps)
+        return lo, hi, any(not n.is_view for n in steps)
 
     def _crown_unstable(self, node: Op, lower, upper, known, base: Bounds) -> Bounds:
         """`base` tightened by CROWN on the neurons whose relaxation is inexact under it in
@@ -335,10 +347,10 @@ class Network:
                                lower, upper, known, alphas, input_A, split_A, extra_A)
 
     def _propagate(self, target: Op, lAs: dict, uAs: dict, l_bias, u_bias, lower, upper, known,
-                   alphas=None, input_A=None, split_A=None, extra_A=None) -> Bounds:
+                   alphas=None, input_A=None, split_A=None, extra_A=None, steps=None) -> Bounds:
         """The backward pass from A-matrices standing at nodes up to `target` (lAs / uAs by
         node name; uAs None: lower side only) and the bias terms gathered so far, down to the
-        input, concretised over the box."""
+        input, concretised over the box. `steps`, a list, receives the ops stepped through."""
         self.ledger.set("a_matrix", tensor_bytes([*lAs.values(), *uAs.values()]))
         stop = self.nodes.index(target)
         for n in reversed(self.nodes[:stop + 1]):
@@ -352,6 +364,8 @@ class Network:
             if split_A is not None and n.splittable:
                 split_A[n.name] = lA
             l_in, u_in, lb, ub = n.crown_backward(lA, uA, in_bounds, alpha=alpha)
+            if steps is not None:
+                steps.append(n)
             # The step's inputs, outputs and gathered parameters are all alive here.
             self.ledger.set("a_matrix", tensor_bytes([*lAs.values(), *uAs.values(), lA, uA,
                                                       *l_in, *u_in]))
