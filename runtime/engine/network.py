@@ -32,6 +32,7 @@ from shardbound.runtime.numerics import contract
 from shardbound.runtime.errors import ShardboundError
 from shardbound.runtime.accounting.ledger import MemoryLedger, tensor_bytes
 from shardbound.runtime.ops import Bounds, Op
+from shardbound.runtime.ops.patches import Patches, dense
 from shardbound.runtime.parallel.rows import RowSplit, identity_rows, unit_rows
 
 METHODS = ("ibp", "crown", "alpha-crown")
@@ -55,6 +56,11 @@ class Network:
         # (CROWN-tightened ones included) instead of the plain IBP pass from the input box.
         self.refine_ibp = False
         self.tp = None                  # tp mode: the zone ops' shared context (runtime.tp)
+        # Rows of intermediate passes over (C, H, W) nodes go in patches form (their
+        # receptive fields: runtime/ops/patches.py) through the ops that take them; not in
+        # tp (zone ops take dense channel slices) nor fsdp (the memory model, which fsdp
+        # plans with, predicts dense rows). Bits are the same either way.
+        self.patches = True
         # Rows propagated by the last bound computation: planned node -> neurons that CROWN's
         # backward pass bounded (0: none, or bounded from its own weights alone); the output
         # -> spec rows of the final pass. Zone nodes (tp) count this rank's neurons.
@@ -295,12 +301,16 @@ class Network:
         through the rest of the network; `propagated` is False when nothing but the input was
         left after the first step (an affine map of the box: bounded from its weights)."""
         B = lower.shape[0]
-        start = None if node.relaxed else node.unit_backward(chosen.to(lower.device))
+        patches = len(node.shape) == 3 and self._patches_ok()
+        start = (None if node.relaxed
+                 else node.unit_backward(chosen.to(lower.device), patches=patches))
         if start is None:
-            eye = unit_rows(chosen, math.prod(node.shape), lower.dtype, lower.device)
-            eye = eye.reshape(len(chosen), *node.shape)
-            lo, hi = self.backward(node, eye.unsqueeze(0).expand(B, *eye.shape), lower, upper,
-                                   known)
+            if patches and node.accepts_patches:
+                A = Patches.unit(chosen, node.shape, lower.dtype, lower.device)
+            else:
+                A = unit_rows(chosen, math.prod(node.shape), lower.dtype, lower.device)
+                A = A.reshape(1, len(chosen), *node.shape)
+            lo, hi = self.backward(node, _expand(A, B), lower, upper, known)
             return lo, hi, True
         A_ins, bias = start
         k = len(chosen)
@@ -308,7 +318,7 @@ class Network:
         for name, A in zip(node.inputs, A_ins):
             if A is None:
                 continue
-            A = A.expand(B, *A.shape[1:])
+            A = _expand(A, B)
             starts[name] = A if name not in starts else starts[name] + A
         l_bias = torch.zeros(B, k, dtype=lower.dtype, device=lower.device)
         if bias is not None:
@@ -318,6 +328,12 @@ class Network:
         lo, hi = self._propagate(node, starts, {n: A for n, A in starts.items()}, l_bias,
                                  l_bias, lower, upper, known, steps=steps)
         return lo, hi, any(not n.is_view for n in steps)
+
+    def _patches_ok(self) -> bool:
+        if not self.patches or self.tp is not None:
+            return False
+        return all(isinstance(p, torch.Tensor) or p is None          # fsdp holds shards
+                   for n in self.nodes for p in n.params.values())
 
     def _crown_unstable(self, node: Op, lower, upper, known, base: Bounds) -> Bounds:
         """`base` tightened by CROWN on the neurons whose relaxation is inexact under it in
@@ -359,8 +375,12 @@ class Network:
             lA, uA = lAs.pop(n.name), uAs.pop(n.name)
             if extra_A is not None and n.name in extra_A:
                 lA = lA + extra_A[n.name]
-            in_bounds = [known.get(i) for i in n.inputs]
             alpha = alphas.get(n.name) if alphas else None
+            if (isinstance(lA, Patches) or isinstance(uA, Patches)) and (
+                    not n.accepts_patches or alpha is not None
+                    or (split_A is not None and n.splittable)):
+                lA, uA = (dense(lA),) * 2 if uA is lA else (dense(lA), dense(uA))
+            in_bounds = [known.get(i) for i in n.inputs]
             if split_A is not None and n.splittable:
                 split_A[n.name] = lA
             l_in, u_in, lb, ub = n.crown_backward(lA, uA, in_bounds, alpha=alpha)
@@ -383,14 +403,26 @@ class Network:
             self.ledger.set("a_matrix", tensor_bytes([*lAs.values(), *uAs.values(), *l_in, *u_in]))
         lA, uA = lAs[self.input.name], uAs[self.input.name]
         if input_A is not None:
-            input_A["lA"] = lA
+            input_A["lA"] = dense(lA)
         lo = self._concretize(lA, lower, upper, lower_side=True) + l_bias
         hi = None if uA is None else self._concretize(uA, lower, upper, lower_side=False) + u_bias
         self.ledger.set("a_matrix", 0)      # this pass's A-matrices are dropped now
         return lo, hi
 
     def _concretize(self, A, lower, upper, lower_side: bool) -> torch.Tensor:
-        """min (or max) of A x over the box: A.center -/+ |A|.radius, per row."""
+        """min (or max) of A x over the box: A.center -/+ |A|.radius, per row. Rows in
+        patches form meet the box at their windows (`fast`) or go dense first (the ordered
+        summations sum over the whole input)."""
+        if isinstance(A, Patches):
+            if self.order != "fast":
+                A = A.to_dense()
+            else:
+                B, S = A.shape[:2]
+                center = A.gather(((upper + lower) / 2).unsqueeze(1)).reshape(B, S, -1)
+                radius = A.gather(((upper - lower) / 2).unsqueeze(1)).reshape(B, S, -1)
+                mid = contract.dot_last(A.flat(), center, self.order)
+                spread = contract.dot_last(A.flat().abs(), radius, self.order)
+                return mid - spread if lower_side else mid + spread
         B, S = A.shape[:2]
         flat = A.reshape(B, S, math.prod(A.shape[2:]))
         center = ((upper + lower) / 2).reshape(B, 1, -1)
@@ -431,6 +463,13 @@ class Network:
 
             return alpha_crown(self, lower, upper, C)
         raise ShardboundError(f"unknown bound method {method!r}; choose one of {', '.join(METHODS)}")
+
+
+def _expand(A, B: int):
+    """Rows made for one box, broadcast (as a view) over the B boxes."""
+    if isinstance(A, Patches):
+        return A.with_values(A.values.expand(B, *A.values.shape[1:]))
+    return A.expand(B, *A.shape[1:])
 
 
 def _intersect(a: Bounds, b: Bounds) -> Bounds:

@@ -131,7 +131,7 @@ class Linear(Op):
             cached = self._prepared_weights = (w, (w_t.transposed(), w_t))
         return cached[1]
 
-    def unit_backward(self, index):
+    def unit_backward(self, index, patches=False):
         """Rows `index` of the identity times W: the rows of W itself (and the bias entries),
         exactly what backward_linear gives for them, without the product."""
         if (type(self).backward_linear is not Linear.backward_linear

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 import torch
 
 from shardbound.runtime.ops.base import Op
+from shardbound.runtime.ops.patches import Patches
+from shardbound.runtime.ops.patches import dense as _dense
 
 
 @dataclass
@@ -49,6 +51,7 @@ class ElementwiseRelaxation(Op):
 
     relaxed = True
     backward_memory = "separate"
+    accepts_patches = True          # its lines are gathered at each row's window
 
     def relax(self, lo: torch.Tensor, hi: torch.Tensor, alpha=None) -> Lines:
         """Sound lines over [lo, hi] (each (B, 1, *shape); alpha (B, S, *alpha_shape))."""
@@ -85,6 +88,8 @@ class ElementwiseRelaxation(Op):
         lo, hi = in_bounds[0]
         lo, hi = lo.unsqueeze(1), hi.unsqueeze(1)      # broadcast over the S rows
         lines = self.relax(lo, hi, alpha)
+        if isinstance(lA, Patches) and alpha is None:
+            return self._crown_patches(lA, uA, lines)
         lA_in, l_bias = self._side(lA, lines.lower_slope, lines.lower_icpt,
                                    lines.upper_slope, lines.upper_icpt)
         if uA is None:                      # lower bound only
@@ -93,6 +98,32 @@ class ElementwiseRelaxation(Op):
             lines = self.relax(lo, hi, None)
         uA_in, u_bias = self._side(uA, lines.upper_slope, lines.upper_icpt,
                                    lines.lower_slope, lines.lower_icpt)
+        return [lA_in], [uA_in], l_bias, u_bias
+
+    def _crown_patches(self, lA, uA, lines: Lines):
+        """The step on rows in patches form: the lines gathered once at the windows (both
+        sides' windows lie alike after the same steps), then `_side_patches` per side."""
+        sides = [lA] if uA is None else [lA, uA]
+        if not all(isinstance(A, Patches) and A.window == lA.window
+                   and torch.equal(A.origin, lA.origin) for A in sides):
+            sides = [lA.to_dense()] + ([] if uA is None else [_dense(uA)])
+            lA_in, l_bias = self._side(sides[0], lines.lower_slope, lines.lower_icpt,
+                                       lines.upper_slope, lines.upper_icpt)
+            if uA is None:
+                return [lA_in], [None], l_bias, None
+            uA_in, u_bias = self._side(sides[1], lines.upper_slope, lines.upper_icpt,
+                                       lines.lower_slope, lines.lower_icpt)
+            return [lA_in], [uA_in], l_bias, u_bias
+        names = ("lower_slope", "lower_icpt", "upper_slope", "upper_icpt")
+        full = {k: getattr(lines, k) for k in names if getattr(lines, k) is not None}
+        got = dict(zip(full, lA.gather_many(list(full.values()))))
+        g = {k: (None if k not in full else (full[k], got[k])) for k in names}
+        lA_in, l_bias = self._side_patches(lA, g["lower_slope"], g["lower_icpt"],
+                                           g["upper_slope"], g["upper_icpt"])
+        if uA is None:
+            return [lA_in], [None], l_bias, None
+        uA_in, u_bias = self._side_patches(uA, g["upper_slope"], g["upper_icpt"],
+                                           g["lower_slope"], g["lower_icpt"])
         return [lA_in], [uA_in], l_bias, u_bias
 
     def _side(self, A, pos_slope, pos_icpt, neg_slope, neg_icpt):
@@ -114,6 +145,32 @@ class ElementwiseRelaxation(Op):
             return A_in + pos * step, bias
         pos.mul_(step)
         return A_in.add_(pos), bias
+
+    def _side_patches(self, A: Patches, pos_slope, pos_icpt, neg_slope, neg_icpt):
+        """`_side` on rows in patches form; each line is (the full tensor, its values at the
+        windows) or None. The same elementwise steps; the bias terms summed over the windows
+        (`fast`) or over the dense rows (ordered summations: the dense bits)."""
+        B, S = self._rows(A)
+        values = A.values
+        pos = values.clamp(min=0)
+        bias = None
+        for coef, icpt in ((pos, pos_icpt), (None, neg_icpt)):
+            if icpt is None:
+                continue
+            coef = values - pos if coef is None else coef
+            if self.order == "fast":
+                g = icpt[1]
+                term = self._dot(coef.reshape(B, S, -1), g.reshape(g.shape[0], S, -1))
+            else:
+                term = self._bias_dot(A.with_values(coef).to_dense(), icpt[0], B, S)
+            bias = term if bias is None else bias + term
+        ns = neg_slope[1]
+        A_in = values * ns
+        step = pos_slope[1] - ns
+        if _differentiable(values, pos_slope[0], neg_slope[0]) or A_in.shape != pos.shape:
+            return A.with_values(A_in + pos * step), bias
+        pos.mul_(step)
+        return A.with_values(A_in.add_(pos)), bias
 
     def _bias_dot(self, coef, icpt, B, S):
         flat = icpt.reshape(icpt.shape[0], icpt.shape[1], -1)
