@@ -36,6 +36,7 @@ from shardbound.runtime.ops.patches import Patches, dense
 from shardbound.runtime.parallel.rows import RowSplit, identity_rows, unit_rows
 
 METHODS = ("ibp", "crown", "alpha-crown")
+SMALL_BOX_TERMS = 1 << 20       # A-matrix elements up to which both box terms share a call
 
 
 class Network:
@@ -93,10 +94,11 @@ class Network:
     # -- interval bound propagation ----------------------------------------------------------
     def ibp_all(self, lower: torch.Tensor, upper: torch.Tensor) -> dict[str, Bounds]:
         bounds: dict[str, Bounds] = {}
+        held = _Storages()
         for n in self.nodes:
             bounds[n.name] = n.ibp(*(bounds[i] for i in n.inputs)) if n.inputs else (lower, upper)
             n.release()
-            self.ledger.set("bounds", tensor_bytes(t for b in bounds.values() for t in b))
+            self.ledger.set("bounds", held.add(bounds[n.name]))
         return bounds
 
     # -- CROWN -------------------------------------------------------------------------------
@@ -131,6 +133,8 @@ class Network:
         # IBP's, the node's are too and are reused).
         sharpen = not refine and "crown" in self.intermediate.values()
         self.crown_rows, self.bounded_rows = {}, {}
+        held = _Storages()
+        held.add(t for b in ibp.values() for t in b)
         for n in self.nodes:
             if refine:
                 refined[n.name] = (n.ibp(*(refined[i] for i in n.inputs)) if n.inputs
@@ -143,6 +147,8 @@ class Network:
                     refined[n.name] = n.ibp(*(refined[i] for i in n.inputs))
                     n.release()
             how = self.intermediate.get(n.name)
+            if (refine or sharpen) and how is None:     # kept: later IBP starts from it
+                held.add(refined[n.name])
             if how is None:
                 continue
             base = ibp[n.name]
@@ -167,9 +173,7 @@ class Network:
                                  torch.where(s < 0, hi.clamp(max=0), hi))
             if refine or sharpen:
                 refined[n.name] = known[n.name]
-            self.ledger.set("bounds", tensor_bytes(
-                [t for b in ibp.values() for t in b] + [t for b in known.values() for t in b]
-                + [t for b in refined.values() for t in b]))
+            self.ledger.set("bounds", held.add(known[n.name]))
         return ibp, known
 
     def final_crown(self, ibp, known, lower, upper, C=None, alphas=None, input_A=None,
@@ -404,32 +408,50 @@ class Network:
         lA, uA = lAs[self.input.name], uAs[self.input.name]
         if input_A is not None:
             input_A["lA"] = dense(lA)
-        lo = self._concretize(lA, lower, upper, lower_side=True) + l_bias
-        hi = None if uA is None else self._concretize(uA, lower, upper, lower_side=False) + u_bias
+        if uA is lA:                    # one A for both sides (an affine map of the box)
+            mid, spread = self._box_terms(lA, lower, upper)
+            lo, hi = mid - spread + l_bias, mid + spread + u_bias
+        else:
+            mid, spread = self._box_terms(lA, lower, upper)
+            lo = mid - spread + l_bias
+            hi = None
+            if uA is not None:
+                mid, spread = self._box_terms(uA, lower, upper)
+                hi = mid + spread + u_bias
         self.ledger.set("a_matrix", 0)      # this pass's A-matrices are dropped now
         return lo, hi
 
     def _concretize(self, A, lower, upper, lower_side: bool) -> torch.Tensor:
-        """min (or max) of A x over the box: A.center -/+ |A|.radius, per row. Rows in
-        patches form meet the box at their windows (`fast`) or go dense first (the ordered
-        summations sum over the whole input)."""
+        """min (or max) of A x over the box: A.center -/+ |A|.radius, per row."""
+        mid, spread = self._box_terms(A, lower, upper)
+        return mid - spread if lower_side else mid + spread
+
+    def _box_terms(self, A, lower, upper) -> Bounds:
+        """(A.center, |A|.radius) per row. Rows in patches form meet the box at their windows
+        (`fast`) or go dense first (the ordered summations sum over the whole input). Under
+        the ordered summations a small A takes both terms from one kernel call (each value
+        depends on its two vectors alone, so the bits are those of two calls)."""
         if isinstance(A, Patches):
             if self.order != "fast":
                 A = A.to_dense()
             else:
                 B, S = A.shape[:2]
-                center = A.gather(((upper + lower) / 2).unsqueeze(1)).reshape(B, S, -1)
-                radius = A.gather(((upper - lower) / 2).unsqueeze(1)).reshape(B, S, -1)
-                mid = contract.dot_last(A.flat(), center, self.order)
-                spread = contract.dot_last(A.flat().abs(), radius, self.order)
-                return mid - spread if lower_side else mid + spread
+                center, radius = A.gather_many([((upper + lower) / 2).unsqueeze(1),
+                                                ((upper - lower) / 2).unsqueeze(1)])
+                return (contract.dot_last(A.flat(), center.reshape(B, S, -1), self.order),
+                        contract.dot_last(A.flat().abs(), radius.reshape(B, S, -1), self.order))
         B, S = A.shape[:2]
-        flat = A.reshape(B, S, math.prod(A.shape[2:]))
+        K = math.prod(A.shape[2:])
+        flat = A.reshape(B, S, K)
         center = ((upper + lower) / 2).reshape(B, 1, -1)
         radius = ((upper - lower) / 2).reshape(B, 1, -1)
-        mid = contract.dot_last(flat, center, self.order)
-        spread = contract.dot_last(flat.abs(), radius, self.order)
-        return mid - spread if lower_side else mid + spread
+        if self.order != "fast" and B == 1 and 0 < S * K <= SMALL_BOX_TERMS and \
+                not flat.requires_grad:
+            both = contract.matmul(torch.cat([flat[0], flat[0].abs()]),
+                                   torch.cat([center[0], radius[0]]), self.order)
+            return both[:S, 0].unsqueeze(0), both[S:, 1].unsqueeze(0)
+        return (contract.dot_last(flat, center, self.order),
+                contract.dot_last(flat.abs(), radius, self.order))
 
     def _spec_matrix(self, C, B: int) -> torch.Tensor:
         out = math.prod(self.output_shape)
@@ -463,6 +485,25 @@ class Network:
 
             return alpha_crown(self, lower, upper, C)
         raise ShardboundError(f"unknown bound method {method!r}; choose one of {', '.join(METHODS)}")
+
+
+class _Storages:
+    """Bytes of the distinct storages added so far (the ledger's `bounds`, counted as bounds
+    are made instead of recounting every node's at each step)."""
+
+    def __init__(self):
+        self.seen: set = set()
+        self.total = 0
+
+    def add(self, tensors) -> int:
+        for t in tensors:
+            if t is None:
+                continue
+            key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+            if key not in self.seen:
+                self.seen.add(key)
+                self.total += key[1]
+        return self.total
 
 
 def _expand(A, B: int):
