@@ -108,6 +108,9 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
         """Peak of one backward pass from `target` with S rows."""
         nonlocal peak
         # live: name -> (lower bytes, upper bytes, shared storage?)
+        while (eye and target.traits.is_view and len(target.inputs) == 1
+               and not by_name[target.inputs[0]].traits.is_input):
+            target = by_name[target.inputs[0]]      # unit rows of a view are its input's
         stop = index[target.name] + 1
         if eye and _starts_at_inputs(target, world, streamed, stream_chunk_bytes or 0):
             # the target's own rows at its inputs (shared by both sides, broadcast over B)

@@ -33,7 +33,7 @@ from shardbound.runtime.errors import ShardboundError
 from shardbound.runtime.accounting.ledger import MemoryLedger, tensor_bytes
 from shardbound.runtime.ops import Bounds, Op
 from shardbound.runtime.ops.patches import Patches, dense
-from shardbound.runtime.parallel.rows import RowSplit, identity_rows, unit_rows
+from shardbound.runtime.parallel.rows import RowSplit, unit_rows
 
 METHODS = ("ibp", "crown", "alpha-crown")
 SMALL_BOX_TERMS = 1 << 20       # A-matrix elements up to which both box terms share a call
@@ -305,6 +305,9 @@ class Network:
         through the rest of the network; `propagated` is False when nothing but the input was
         left after the first step (an affine map of the box: bounded from its weights)."""
         B = lower.shape[0]
+        # A view keeps the element order: its unit rows are its input's, at the same indices.
+        while node.is_view and len(node.inputs) == 1 and node.inputs[0] != self.input.name:
+            node = self.by_name[node.inputs[0]]
         patches = len(node.shape) == 3 and self._patches_ok()
         start = (None if node.relaxed
                  else node.unit_backward(chosen.to(lower.device), patches=patches))
@@ -433,7 +436,9 @@ class Network:
         depends on its two vectors alone, so the bits are those of two calls)."""
         if isinstance(A, Patches):
             if self.order != "fast":
-                A = A.to_dense()
+                both = A.dense_map(lambda rows: torch.stack(
+                    self._box_terms(rows, lower, upper), dim=-1))
+                return both[..., 0], both[..., 1]
             else:
                 B, S = A.shape[:2]
                 center, radius = A.gather_many([((upper + lower) / 2).unsqueeze(1),

@@ -141,9 +141,9 @@ class Conv2d(Op):
                        Wp - ((Wo - 1) * sw + dw * (kw - 1) + 1))
             A_pad = F.conv_transpose2d(flat, w, None, self.strides, 0, out_pad, self.groups,
                                        self.dilations)
-        else:
-            A_pad = self._backward_im2col(flat, w, (Hp, Wp))
-        A_in = A_pad[:, :, pt:pt + H, pl:pl + W].contiguous().reshape(B, S, C_in, H, W)
+            A_in = A_pad[:, :, pt:pt + H, pl:pl + W].contiguous().reshape(B, S, C_in, H, W)
+        else:           # scattered straight into the unpadded input (padding dropped)
+            A_in = self._backward_im2col(flat, w, (H, W), (pt, pl)).reshape(B, S, C_in, H, W)
         b = self.param("bias")
         bias = None
         if b is not None:
@@ -163,10 +163,11 @@ class Conv2d(Op):
         return contract.dot_last(per_channel, b, self.order)
 
 
-    def _backward_im2col(self, A_flat, w, padded_hw):
-        """The transpose of _conv_im2col: A (N, Cout, Ho, Wo) -> (N, C_in, Hp, Wp); the
-        contraction over Cout goes through the kernels, then the scatter-add of the kernel
-        taps (`_scatter_taps`)."""
+    def _backward_im2col(self, A_flat, w, out_hw, offset=(0, 0)):
+        """The transpose of _conv_im2col: A (N, Cout, Ho, Wo) -> (N, C_in, *out_hw), the
+        padded input grid shifted by `offset` (the pads: the unpadded input); the contraction
+        over Cout goes through the kernels, then the scatter-add of the kernel taps
+        (`_scatter_taps`)."""
         N, Cout, Ho, Wo = A_flat.shape
         kh, kw = w.shape[2:]
         G = self.groups
@@ -179,20 +180,25 @@ class Conv2d(Op):
                 A_cols[..., g * out_per_group:(g + 1) * out_per_group].contiguous(),
                 wg_t))                                                     # (N, L, cin_g*kh*kw)
         cols = parts[0] if G == 1 else torch.cat(parts, dim=-1)
-        return self._scatter_taps(cols.reshape(N, Ho, Wo, -1, kh, kw), padded_hw)
+        return self._scatter_taps(cols.reshape(N, Ho, Wo, -1, kh, kw), out_hw, offset)
 
-    def _scatter_taps(self, cols, padded_hw):
-        """F.fold of cols (N, Ho, Wo, C_in, kh, kw) into (N, C_in, *padded_hw): one strided
-        add per kernel tap, taps in col2im's order ((i, j) row-major), so every pixel adds
-        the same terms in the same order from the same zero (the bits of F.fold, without
-        its per-element loop)."""
+    def _scatter_taps(self, cols, out_hw, offset=(0, 0)):
+        """F.fold of cols (N, Ho, Wo, C_in, kh, kw) into the padded grid, kept only on
+        (N, C_in, *out_hw) from `offset` on: one strided add per kernel tap, taps in col2im's
+        order ((i, j) row-major), so every pixel adds the same terms in the same order from
+        the same zero (the bits of F.fold and a crop, without its per-element loop)."""
         N, Ho, Wo, C_in, kh, kw = cols.shape
         (sh, sw), (dh, dw) = self.strides, self.dilations
-        out = cols.new_zeros((N, C_in, *padded_hw))
+        out = cols.new_zeros((N, C_in, *out_hw))
         for i in range(kh):
+            ys = _tap_range(i * dh - offset[0], sh, Ho, out_hw[0])
             for j in range(kw):
-                out[:, :, i * dh:i * dh + sh * (Ho - 1) + 1:sh,
-                    j * dw:j * dw + sw * (Wo - 1) + 1:sw] += cols[..., i, j].permute(0, 3, 1, 2)
+                xs = _tap_range(j * dw - offset[1], sw, Wo, out_hw[1])
+                if ys is None or xs is None:
+                    continue
+                (y0, ny, t0), (x0, nx, u0) = ys, xs
+                out[:, :, t0:t0 + sh * (ny - 1) + 1:sh, u0:u0 + sw * (nx - 1) + 1:sw] += \
+                    cols[:, y0:y0 + ny, x0:x0 + nx, :, i, j].permute(0, 3, 1, 2)
         return out
 
     def _group_weights_t(self, w):
@@ -241,8 +247,8 @@ class Conv2d(Op):
                 per_channel = A.values.sum(dim=(-2, -1))
             else:
                 Ho, Wo = self.shape[1:]
-                per_channel = contract.sum_last(A.to_dense().reshape(B, S, Cout, Ho * Wo),
-                                                self.order)
+                per_channel = A.dense_map(lambda rows: contract.sum_last(
+                    rows.reshape(B, rows.shape[1], Cout, Ho * Wo), self.order))
             bias = self._channel_dot(per_channel, b)
         return [A_in], bias
 
@@ -283,3 +289,15 @@ class Conv2d(Op):
         A[rows, chans, ys, xs] = w.index_select(0, o)
         A = A[:, :, pt:pt + H, pl:pl + W].contiguous()
         return [A.reshape(1, k, C_in, H, W)], bias
+
+
+def _tap_range(shift: int, stride: int, n: int, size: int):
+    """Output positions y in [0, n) whose tap lands at t = y * stride + shift in [0, size):
+    (first y, count, first t), or None when none does."""
+    first = max(0, -(shift // stride) if shift < 0 else 0)
+    while first * stride + shift < 0:
+        first += 1
+    last = min(n - 1, (size - 1 - shift) // stride) if size - 1 - shift >= 0 else -1
+    if last < first:
+        return None
+    return first, last - first + 1, first * stride + shift

@@ -31,6 +31,9 @@ import torch
 import torch.nn.functional as F
 
 
+DENSE_CHUNK = 1 << 20      # elements of dense rows made at a time for an ordered sum
+
+
 class Patches:
     """Rows of an A-matrix over a (C, H, W) node, each nonzero only in its window."""
 
@@ -149,12 +152,27 @@ class Patches:
         """The rows as a dense (B, S, C, H, W) tensor (zeros outside the windows)."""
         B, S, C, ph, pw = self.values.shape
         H, W = self.node_shape[1:]
-        ys, xs, top, bottom, left, right = self._margins()
-        canvas = self.values.new_zeros((B, S, C, H + top + bottom, W + left + right))
-        rows = torch.arange(S, device=self.origin.device)[:, None, None]
-        canvas[:, rows, :, (ys + top)[:, :, None], (xs + left)[:, None, :]] = \
-            self.values.permute(1, 3, 4, 0, 2)
-        return canvas[:, :, :, top:top + H, left:left + W].contiguous()
+        ys, xs = self._coords()
+        out = self.values.new_zeros((B, S, C, H, W))
+        keep = self.inside()                                       # (S, ph, pw)
+        rows = torch.arange(S, device=self.origin.device)[:, None, None].expand(S, ph, pw)
+        ys, xs = ys[:, :, None].expand(S, ph, pw), xs[:, None, :].expand(S, ph, pw)
+        # windows lie inside the grid apart from zero entries: write the inside ones only
+        out.permute(1, 3, 4, 0, 2)[rows[keep], ys[keep], xs[keep]] = \
+            self.values.permute(1, 3, 4, 0, 2)[keep]
+        return out
+
+    def dense_map(self, fn, chunk_elements: int = DENSE_CHUNK) -> torch.Tensor:
+        """cat over row chunks of fn(dense rows (B, s, C, H, W)) along dim 1: a sum over the
+        node's elements in the dense rows' order without holding all dense rows at once
+        (every kernel's rows are independent, so chunking changes no bit)."""
+        S = self.values.shape[1]
+        step = max(1, chunk_elements // max(1, math.prod(self.node_shape)))
+        if step >= S:
+            return fn(self.to_dense())
+        parts = [fn(Patches(self.values[:, s0:s0 + step], self.origin[s0:s0 + step],
+                            self.node_shape).to_dense()) for s0 in range(0, S, step)]
+        return torch.cat(parts, dim=1)
 
     def flat(self) -> torch.Tensor:
         """(B, S, C*ph*pw): the values as rows (for sums over the windows, `fast`)."""

@@ -162,7 +162,8 @@ class ElementwiseRelaxation(Op):
                 g = icpt[1]
                 term = self._dot(coef.reshape(B, S, -1), g.reshape(g.shape[0], S, -1))
             else:
-                term = self._bias_dot(A.with_values(coef).to_dense(), icpt[0], B, S)
+                term = A.with_values(coef).dense_map(
+                    lambda rows: self._bias_dot(rows, icpt[0], B, rows.shape[1]))
             bias = term if bias is None else bias + term
         ns = neg_slope[1]
         A_in = values * ns
