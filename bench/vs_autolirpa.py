@@ -14,12 +14,13 @@ Every (tool, model, method) runs in its own worker process with one thread
 (`torch.set_num_threads(1)`); the parent asks the workers of a model for one bound each in turn,
 round after round (the order rotates every round), so background load hits every tool alike.
 Per row the table gives the median bound time, the median over rounds of the time relative to
-auto_LiRPA's in the same round, how much tighter the bound is than auto_LiRPA's (min and max
+auto_LiRPA's in the same round (`x auto_LiRPA`: below 1 is faster), how much tighter the bound is than auto_LiRPA's (min and max
 over spec rows of shardbound's lower bound minus auto_LiRPA's, and for CROWN also auto_LiRPA's
-upper bound minus shardbound's: positive means tighter), and the worker's peak memory: peak RSS
-(VmHWM, reset through /proc/self/clear_refs after the warm-up) minus the RSS it had then
-(weights, the interpreter and one-time lazy set-up are not counted; the bound's own
-temporaries are). alpha-CROWN: 20 iterations in
+upper bound minus shardbound's: positive means tighter), and the peak memory of one bound, measured in a
+worker of its own (glibc's mmap threshold fixed at 128 KiB so freed tensors leave the heap):
+peak RSS (VmHWM, reset through /proc/self/clear_refs after a warm-up bound) minus the RSS
+then (weights, caches made by the warm-up such as shardbound's transposed weights, the
+interpreter and one-time lazy set-up are not counted; the bound's own temporaries are). alpha-CROWN: 20 iterations in
 both tools; auto_LiRPA bounds the lower side only (its upper side would be a second
 optimisation), shardbound's upper side is plain CROWN. shardbound's CROWN rows per node (how
 many neurons each intermediate backward pass bounded) are printed under the table.
@@ -349,13 +350,15 @@ def worker(args) -> int:
 
 
 class _Worker:
-    def __init__(self, tool: str, method: str, mdir: str, args):
+    def __init__(self, tool: str, method: str, mdir: str, args, memory: bool = False):
         self.tool, self.method = tool, method
         python = args.lirpa_python if tool == "lirpa" else sys.executable
-        # A fixed mmap threshold: large tensors are mapped and unmapped, never kept in the
-        # heap after a bound, so the next bound's peak RSS is its own (every tool alike).
-        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-                   MALLOC_MMAP_THRESHOLD_="131072")
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        if memory:
+            # A fixed mmap threshold: large tensors are mapped and unmapped, never kept in the
+            # heap after a bound, so a bound's peak RSS is its own (every tool alike). Only
+            # for the memory workers: it costs page faults that timed runs should not pay.
+            env["MALLOC_MMAP_THRESHOLD_"] = "131072"
         cmd = [python, os.path.abspath(__file__), "--worker", tool, "--model-dir", mdir]
         if tool == "lirpa":
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.lirpa,
@@ -405,11 +408,19 @@ def bench_model(name: str, mdir: str, tools: list[str], methods: list[str], args
     reference = "lirpa" if "lirpa" in tools else "sb-fast"
     rows, notes = [], []
     for method in methods:
+        peaks = {}
+        for t in tools:                             # peak memory: a worker of its own
+            w = _Worker(t, method, mdir, args, memory=True)
+            try:
+                w.bound()                           # warm-up: lazy one-time set-up is out
+                w.reset_peak()
+                peaks[t] = w.bound()["peak_bytes"]
+            finally:
+                w.close()
         workers = [_Worker(t, method, mdir, args) for t in tools]
         try:
             for w in workers:                       # warm-up, not timed
                 w.bound()
-                w.reset_peak()
             runs = {t: [] for t in tools}
             last = {}
             for r in range(args.repeat):
@@ -425,7 +436,7 @@ def bench_model(name: str, mdir: str, tools: list[str], methods: list[str], args
             lo, hi = _tighter(last[t], last[reference], method)
             tight = "" if t == reference else f"{lo:+.2e} / {hi:+.2e}"
             rows.append(f"| {name} | {method} | {t} | {statistics.median(runs[t]):.3f} | "
-                        f"{ratio:.2f} | {tight} | {last[t]['peak_bytes'] / 2 ** 20:.1f} |")
+                        f"{ratio:.2f} | {tight} | {peaks[t] / 2 ** 20:.1f} |")
             if last[t]["rows"] and method == "crown":
                 notes.append(f"{name} {t}: CROWN rows per node "
                              + ", ".join(f"{k} {v}" for k, v in last[t]["rows"].items()))
