@@ -141,7 +141,8 @@ class ElementwiseRelaxation(Op):
             bias = term if bias is None else bias + term
         A_in = A * neg_slope
         step = pos_slope - neg_slope
-        if _differentiable(A, pos_slope, neg_slope) or A_in.shape != pos.shape:
+        if _differentiable(A, pos_slope, neg_slope, pos_icpt, neg_icpt) \
+                or A_in.shape != pos.shape:     # (a bias dot may keep pos for a gradient)
             return A_in + pos * step, bias
         pos.mul_(step)
         return A_in.add_(pos), bias
@@ -168,7 +169,9 @@ class ElementwiseRelaxation(Op):
         ns = neg_slope[1]
         A_in = values * ns
         step = pos_slope[1] - ns
-        if _differentiable(values, pos_slope[0], neg_slope[0]) or A_in.shape != pos.shape:
+        if _differentiable(values, pos_slope[0], neg_slope[0], *(
+                line[0] for line in (pos_icpt, neg_icpt) if line is not None)) \
+                or A_in.shape != pos.shape:
             return A.with_values(A_in + pos * step), bias
         pos.mul_(step)
         return A.with_values(A_in.add_(pos)), bias
