@@ -1,16 +1,17 @@
-"""Bound-propagation benchmark: compile time, IBP / CROWN time and tightness per model.
+"""Bound-propagation benchmark: compile time, IBP / CROWN / alpha-CROWN time and tightness per model.
 
 Usage:
     python bench/bounds.py [--repeat N] [--threads T] [--models a,b,...]
 
-Models: every model of the test zoo (tests/zoo.py, box of radius 0.05 around a seeded random
-center), plus two real VNN-COMP 2021 networks from ../shared/benchmarks when that folder is
+Models: every model of the test zoo (tests/zoo.py: ZOO and the op-family models of OP_ZOO,
+box of radius 0.05 around a seeded random center), plus two real VNN-COMP 2021 networks from ../shared/benchmarks when that folder is
 there (ACAS Xu 1_1 with prop_1's box, mnist-net_256x2 with prop_0_0.03's box).
 
 Per model it reports: IR nodes and parameters of the compiled graph, the full compile_model
-time (import, passes, codegen and writing the directory), the median IBP and CROWN time for one
-input box over --repeat runs after one warm-up, and the mean width (ub - lb) of the final
-outputs under IBP and CROWN with their ratio. The table is markdown, for the README.
+time (import, passes, codegen and writing the directory), the median IBP, CROWN and
+alpha-CROWN time for one input box over --repeat runs after one warm-up, and the mean width
+(ub - lb) of the final outputs under IBP and CROWN with their ratio, and alpha-CROWN's mean
+lower-bound gain over CROWN. The table is markdown, for the README.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def time_bounds(verifier, lo, hi, method: str, repeat: int):
         lb, ub = verifier.bounds(lo_t, hi_t, method=method)
         times.append(time.perf_counter() - t0)
     width = float((ub - lb).double().mean())
-    return statistics.median(times) * 1e3, width
+    return statistics.median(times) * 1e3, width, lb
 
 
 def bench_one(name: str, onnx_path: str, lo, hi, workdir: str, repeat: int) -> dict:
@@ -116,12 +117,14 @@ def bench_one(name: str, onnx_path: str, lo, hi, workdir: str, repeat: int) -> d
     graph = compile_model(onnx_path, out, PassOptions())
     compile_s = time.perf_counter() - t0
     verifier = load(out)
-    ibp_ms, ibp_w = time_bounds(verifier, lo, hi, "ibp", repeat)
-    crown_ms, crown_w = time_bounds(verifier, lo, hi, "crown", repeat)
+    ibp_ms, ibp_w, _ = time_bounds(verifier, lo, hi, "ibp", repeat)
+    crown_ms, crown_w, crown_lb = time_bounds(verifier, lo, hi, "crown", repeat)
+    alpha_ms, _, alpha_lb = time_bounds(verifier, lo, hi, "alpha-crown", repeat)
     return dict(model=name, nodes=len(graph.nodes), params=count_params(graph),
-                compile_s=compile_s, ibp_ms=ibp_ms, crown_ms=crown_ms,
+                compile_s=compile_s, ibp_ms=ibp_ms, crown_ms=crown_ms, alpha_ms=alpha_ms,
                 ibp_w=ibp_w, crown_w=crown_w,
-                ratio=crown_w / ibp_w if ibp_w > 0 else float("nan"))
+                ratio=crown_w / ibp_w if ibp_w > 0 else float("nan"),
+                alpha_gain=float((alpha_lb - crown_lb).double().mean()))
 
 
 # ----------------------------------------------------------------------------- table
@@ -133,9 +136,11 @@ COLUMNS = [
     ("compile (s)", "compile_s", "{:.3f}"),
     ("IBP (ms)", "ibp_ms", "{:.3f}"),
     ("CROWN (ms)", "crown_ms", "{:.3f}"),
+    ("alpha-CROWN (ms)", "alpha_ms", "{:.3f}"),
     ("IBP width", "ibp_w", "{:.4g}"),
     ("CROWN width", "crown_w", "{:.4g}"),
     ("CROWN/IBP", "ratio", "{:.3f}"),
+    ("alpha lb gain", "alpha_gain", "{:.4g}"),
 ]
 
 
@@ -168,7 +173,7 @@ def main(argv=None) -> int:
         ap.error("--repeat and --threads must be at least 1")
 
     torch.set_num_threads(args.threads)
-    all_names = sorted(zoo.ZOO) + list(REAL)
+    all_names = sorted(zoo.ZOO) + sorted(getattr(zoo, "OP_ZOO", {})) + list(REAL)
     wanted = [m.strip() for m in args.models.split(",") if m.strip()] or all_names
     unknown = [m for m in wanted if m not in all_names]
     if unknown:
@@ -183,7 +188,7 @@ def main(argv=None) -> int:
     rows, notes = [], []
     with tempfile.TemporaryDirectory(prefix="shardbound-bench-") as workdir:
         for name in wanted:
-            if name in zoo.ZOO:
+            if name in zoo.ZOO or name in getattr(zoo, "OP_ZOO", {}):
                 model, shape = zoo.build(name, ZOO_SEED)
                 path = os.path.join(workdir, f"{name}.onnx")
                 onnx.save(model, path)

@@ -3,6 +3,9 @@
     python3 bench/vnncomp.py [--instances CSV] [--only SUBSTRING] [--limit N]
                              [--timeout-scale F] [--direct] [--keep DIR]
 
+Per instance it reports the wall time of the whole run (process start to exit, as a harness
+measures it) against the instance's timeout, and lists every instance that ran over.
+
 Reads `family,onnx,vnnlib,timeout_s,expected` (paths relative to the CSV; default
 ../shared/benchmarks/instances.csv), runs prepare_instance.sh + run_instance.sh per instance
 (or `shardbound verify ... --result` with --direct), and prints a markdown table, per-family
@@ -49,6 +52,12 @@ class Outcome:
     seconds: float
     status: str           # ok / WRONG / unsolved
     note: str = ""
+    timeout: float = 0.0  # the instance's limit (scaled), against which `seconds` is judged
+
+    @property
+    def over(self) -> float:
+        """Seconds past the timeout (negative: the time left)."""
+        return self.seconds - self.timeout
 
 
 def parse_result(text: str):
@@ -141,7 +150,7 @@ def run_one(row, base, tmp, models, args, env) -> Outcome:
                               capture_output=True, text=True, env=env)
         if prep.returncode != 0:
             return Outcome(name, family, expected, "error", 0.0, "unsolved",
-                           f"prepare_instance.sh failed: {prep.stderr.strip()[-200:]}")
+                           f"prepare_instance.sh failed: {prep.stderr.strip()[-200:]}", timeout)
         cmd = ["bash", RUN, "v1", family, onnx_path, vnnlib_path, result, f"{timeout:g}"]
     start = time.monotonic()
     try:
@@ -154,10 +163,19 @@ def run_one(row, base, tmp, models, args, env) -> Outcome:
         with open(result, encoding="utf-8") as f:
             verdict, x, y = parse_result(f.read())
     except FileNotFoundError:
-        return Outcome(name, family, expected, "no result", seconds, "unsolved", stderr[-200:])
+        return Outcome(name, family, expected, "no result", seconds, "unsolved", stderr[-200:],
+                       timeout)
     except ValueError as e:
         return Outcome(name, family, expected, "sat", seconds, "WRONG",
-                       f"malformed counterexample: {e}")
+                       f"malformed counterexample: {e}", timeout)
+    outcome = _judge(name, family, expected, verdict, seconds, stderr, models, onnx_path,
+                     vnnlib_path, x, y)
+    outcome.timeout = timeout
+    return outcome
+
+
+def _judge(name, family, expected, verdict, seconds, stderr, models, onnx_path, vnnlib_path,
+           x, y) -> Outcome:
     if verdict == "sat":
         try:
             problem = check_counterexample(models, onnx_path, vnnlib_path, x, y)
@@ -191,13 +209,16 @@ def read_instances(path, only, limit):
 
 
 def print_report(outcomes):
-    print("| instance | expected | verdict | time (s) | ok? |")
-    print("|---|---|---|---:|---|")
+    print("| instance | expected | verdict | time (s) | timeout (s) | over (s) | ok? |")
+    print("|---|---|---|---:|---:|---:|---|")
     for o in outcomes:
-        print(f"| {o.name} | {o.expected} | {o.verdict} | {o.seconds:.1f} | {o.status} |")
+        flag = " **OVER**" if o.over > 0 else ""
+        print(f"| {o.name} | {o.expected} | {o.verdict} | {o.seconds:.2f} | {o.timeout:g} | "
+              f"{o.over:+.2f}{flag} | {o.status} |")
     print()
-    print("| family | instances | sat found | unsat proved | unsolved | WRONG | time (s) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| family | instances | sat found | unsat proved | unsolved | WRONG | time (s) | "
+          "over timeout | worst over (s) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     by_family = defaultdict(list)
     for o in outcomes:
         by_family[o.family].append(o)
@@ -206,7 +227,8 @@ def print_report(outcomes):
         print(f"| {family} | {len(rows)} | {count(lambda o: o.status == 'ok' and o.verdict == 'sat')}"
               f" | {count(lambda o: o.status == 'ok' and o.verdict == 'unsat')}"
               f" | {count(lambda o: o.status == 'unsolved')} | {count(lambda o: o.status == 'WRONG')}"
-              f" | {sum(o.seconds for o in rows):.1f} |")
+              f" | {sum(o.seconds for o in rows):.1f} | {count(lambda o: o.over > 0)}"
+              f" | {max(o.over for o in rows):+.2f} |")
     wrong = [o for o in outcomes if o.status == "WRONG"]
     print()
     if wrong:
@@ -215,6 +237,9 @@ def print_report(outcomes):
             print(f"- {o.name}: expected {o.expected}, got {o.verdict}: {o.note}")
     else:
         print("WRONG answers: none")
+    over = [o for o in outcomes if o.over > 0]
+    print(f"instances over their timeout: {len(over)}"
+          + "".join(f"\n- {o.name}: {o.seconds:.2f} s of {o.timeout:g} s" for o in over))
     errors = [o for o in outcomes if o.verdict in ("error", "no result")]
     for o in errors:
         print(f"- error on {o.name}: {o.note}")
@@ -252,8 +277,8 @@ def main(argv=None) -> int:
         env = dict(os.environ, SHARDBOUND_VNNCOMP_STATE=os.path.join(tmp, "state"))
         for i, row in enumerate(rows):
             o = run_one(row, base, results, models, args, env)
-            print(f"[{i + 1}/{len(rows)}] {o.name}: {o.verdict} ({o.status}) {o.seconds:.1f} s",
-                  file=sys.stderr, flush=True)
+            print(f"[{i + 1}/{len(rows)}] {o.name}: {o.verdict} ({o.status}) {o.seconds:.1f} s "
+                  f"of {o.timeout:g} s", file=sys.stderr, flush=True)
             outcomes.append(o)
     return print_report(outcomes)
 

@@ -1,7 +1,8 @@
 """Command line: `compile MODEL.onnx ...` and `shardbound {compile,run,inspect} ...`.
 
 User errors (bad model, bad box, bad flag) print one line naming the file and node or field,
-and exit with code 2; they never show a traceback.
+and exit with code 2; they never show a traceback. Exit codes: 0 done, 2 user input, 3 a rank
+failed or hung, 130 interrupted (Ctrl-C or SIGTERM: one line `interrupted`).
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ import os
 import sys
 
 from shardbound.compiler.errors import ShardboundError
-from shardbound.compiler.verify_cmd import (add_stream_chunk_argument,
+from shardbound.compiler.verify_cmd import (add_max_elements_argument,
+                                            add_stream_chunk_argument,
                                             add_tp_intermediate_argument, add_verify_arguments,
-                                            run_verify)
-from shardbound.runtime.program.main import ArgumentParser, add_run_arguments, guarded
+                                            positive_int, run_verify)
+from shardbound.runtime.program.main import (ArgumentParser, add_run_arguments, guarded, leave,
+                                             own_process)
 
 MODES = ("single", "fsdp", "tp")
 SUMMATIONS = ("blocked", "exact", "fast")
@@ -41,6 +44,7 @@ def _add_plan_arguments(p: argparse.ArgumentParser) -> None:
                         "same bits on any BLAS or device), fast (plain BLAS; run-to-run only)")
     add_stream_chunk_argument(p)
     add_tp_intermediate_argument(p)
+    add_max_elements_argument(p)
 
 
 def _options(args):
@@ -52,7 +56,7 @@ def _options(args):
     return PassOptions(mode=args.mode, method=args.method, intermediate=args.intermediate,
                        summation=args.summation, nproc=nproc,
                        stream_chunk_bytes=args.stream_chunk_kib * 1024,
-                       tp_intermediate=args.tp_intermediate)
+                       tp_intermediate=args.tp_intermediate, max_elements=args.max_elements)
 
 
 def _compile(args) -> int:
@@ -93,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="bound a compiled program over an input box")
     p.add_argument("dir", metavar="DIR", help="a directory written by `compile`")
     add_run_arguments(p)
-    p.add_argument("--nproc", type=int, default=1, metavar="P",
+    p.add_argument("--nproc", type=positive_int, default=1, metavar="P",
                    help="launch P ranks on this machine (gloo on CPU); default 1")
     p.set_defaults(fn=_run)
     p = sub.add_parser("verify", help="verify a VNN-LIB property: sat, unsat, unknown or timeout")
@@ -111,17 +115,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> None:
+    own = own_process(argv)
     args = build_parser().parse_args(argv)
-    sys.exit(guarded(args.fn, args))
+    leave(guarded(args.fn, args), own)
 
 
 def compile_main(argv=None) -> None:
     """The `compile` console script: `compile MODEL.onnx --mode single -o DIR`."""
+    own = own_process(argv)
     parser = ArgumentParser(prog="compile", description="Compile an ONNX network into a "
                                      "shardbound program directory.")
     _add_compile_arguments(parser)
     args = parser.parse_args(argv)
-    sys.exit(guarded(_compile, args))
+    leave(guarded(_compile, args), own)
 
 
 if __name__ == "__main__":

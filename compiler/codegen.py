@@ -79,7 +79,7 @@ def _notes(graph: Graph, name: str) -> tuple[str, ...]:
     notes = []
     how = graph.annotation("bounds", name)
     if how:
-        notes.append(f"bounds: intermediate bounds by {how} (this node feeds a ReLU)")
+        notes.append(f"bounds: intermediate bounds by {how} (this node feeds a relaxed op)")
     for key in sorted(graph.annotations):
         if key == "bounds":
             continue
@@ -146,6 +146,7 @@ def plan_dict(graph: Graph, options, passes: list[str]) -> dict:
         "output": {"node": graph.output, "shape": list(graph.node(graph.output).shape)},
         "nodes": [{"name": n.name, "op": n.op, "origin": n.origin, "inputs": list(n.inputs),
                    "shape": list(n.shape), "params": dict(n.params),
+                   "param_shapes": {key: list(np.shape(graph.tensors[key])) for _, key in n.params},
                    "annotations": {k: v[n.name] for k, v in sorted(graph.annotations.items())
                                    if n.name in v}}
                   for n in graph.nodes],

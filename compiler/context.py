@@ -31,9 +31,10 @@ class Computed:
 
 
 class LoweringContext:
-    def __init__(self, source: str, opset: int):
+    def __init__(self, source: str, opset: int, max_elements: int = 1 << 26):
         self.source = source
         self.opset = opset
+        self.max_elements = int(max_elements)
         self.values: dict[str, Computed | np.ndarray] = {}
         self.nodes: list[Node] = []
         self.tensors: dict[str, np.ndarray] = {}
@@ -50,6 +51,22 @@ class LoweringContext:
 
     def error(self, message: str) -> ShardboundError:
         return ShardboundError(f"{self.where()}: {message}")
+
+    def check_size(self, shape, what: str) -> None:
+        """Refuse a tensor of more than max_elements elements, before it is built where the
+        shape is known (a symbolic or unknown shape passes: it is checked once built)."""
+        if shape is None:
+            return
+        dims = [d for d in shape]
+        if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in dims):
+            return
+        count = 1
+        for d in dims:
+            count *= max(int(d), 0)
+        if count > self.max_elements:
+            raise self.error(f"{what} has {count} elements (shape {list(map(int, dims))}), "
+                             f"more than the limit of {self.max_elements}; pass "
+                             f"--max-elements {count} to compile it anyway")
 
     # -- reading inputs ------------------------------------------------------------------------
     def value(self, tensor) -> Computed | np.ndarray:
@@ -82,7 +99,9 @@ class LoweringContext:
 
     # -- producing outputs ---------------------------------------------------------------------
     def set_const(self, tensor, array: np.ndarray) -> None:
-        self.values[tensor.name] = np.asarray(array)
+        array = np.asarray(array)
+        self.check_size(array.shape, f"constant {tensor.name!r}")
+        self.values[tensor.name] = array
 
     def alias(self, tensor, value: Computed | np.ndarray) -> None:
         self.values[tensor.name] = value
@@ -113,6 +132,7 @@ class LoweringContext:
         except (RuntimeError, ValueError, IndexError) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise self.error(f"shapes do not fit this op ({first})") from None
+        self.check_size(op.shape, "its output")
         origin = f"{self.onnx_node.op} {onnx_name!r}" if self.onnx_node is not None else kind
         self.nodes.append(Node(name=name, op=kind, inputs=tuple(i.node for i in inputs),
                                shape=op.shape, params=tuple(keys),

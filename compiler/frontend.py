@@ -53,8 +53,12 @@ def model_opset(model: onnx.ModelProto) -> int:
     return 1
 
 
-def import_onnx(path: str) -> Graph:
-    """Lower the model at `path` into a bound IR graph (before any pass)."""
+def import_onnx(path: str, max_elements: int | None = None) -> Graph:
+    """Lower the model at `path` into a bound IR graph (before any pass). No tensor -- the
+    input, a constant, a folded or computed value, as declared or as built -- may exceed
+    `max_elements` (default: PassOptions' MAX_ELEMENTS; `--max-elements`)."""
+    from shardbound.passes.manager import MAX_ELEMENTS
+
     model = load_model(path)
     source = os.path.basename(path)
     opset = model_opset(model)
@@ -65,10 +69,12 @@ def import_onnx(path: str) -> Graph:
     graph = gs.import_onnx(model)
     graph.cleanup().toposort()
     _check_supported(graph, source, opset)
-    ctx = LoweringContext(source, opset)
+    ctx = LoweringContext(source, opset, max_elements or MAX_ELEMENTS)
     input_name = _lower_input(ctx, graph)
     for node in graph.nodes:
         ctx.onnx_node = node
+        for t in node.outputs:          # sizes known from shape inference, before any work
+            ctx.check_size(getattr(t, "shape", None), f"output {t.name!r}")
         _lower_node(ctx, node, opset)
     ctx.onnx_node = None
     out = _single_output(ctx, graph)
@@ -108,6 +114,7 @@ def _lower_input(ctx: LoweringContext, graph) -> str:
     if isinstance(shape[0], int) and shape[0] not in (1, -1):
         raise ShardboundError(f"{ctx.source}: input {x.name!r} has shape {shape}; the first "
                               "axis must be a batch axis of size 1 (or symbolic)")
+    ctx.check_size(dims, f"input {x.name!r}")
     name = ctx.names.name("input")
     ctx.nodes.append(Node(name=name, op="input", inputs=(), shape=tuple(dims),
                           origin=f"input {x.name!r}"))

@@ -18,6 +18,11 @@ from .errors import ShardboundError
 # whitespace is skipped by finditer. Comments run from ';' to the end of the line.
 _TOKEN = re.compile(r"\n|;[^\n]*|[()]|[^\s();]+")
 
+# Real properties nest a handful of lists deep (assert / or / and / comparison / term); the
+# parser and the DNF expansion recurse over the nesting, so a deeper file is refused here with
+# a line number (a 1,000-deep one overflowed the stack: RecursionError).
+MAX_DEPTH = 64
+
 # Decimal numbers in every usual spelling: 3, -0.5, +2, .5, 5., 1e-3, 1.5E+2.
 _NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 
@@ -71,6 +76,9 @@ def read_sexprs(text: str, name: str) -> list:
             items.append(node)
             stack.append(node)
             items = node.items
+            if len(stack) > MAX_DEPTH:
+                raise fail(name, line, f"lists nested more than {MAX_DEPTH} deep; a VNN-LIB "
+                           "property needs a handful of levels: simplify the formula")
         elif first == ")":
             if not stack:
                 raise fail(name, line, "unexpected token ')' with no matching '('; "

@@ -17,6 +17,7 @@ maps of a box, so folding changes speed, not tightness.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 
 import numpy as np
@@ -28,16 +29,98 @@ F64 = np.float64
 
 
 class _Scratch:
-    """The graph being rewritten (local to one run of the pass)."""
+    """The graph being rewritten (local to one run of the pass), with the indexes that keep a
+    rewrite local: consumers and shapes by name, and each node's list position found by
+    bisection on order keys (a removal leaves the other keys alone, an insertion takes a key
+    between its neighbours'). `touched` collects the nodes whose rewrite may have become
+    possible (changed nodes, and the nodes they read). Without these, every rewrite rescanned
+    from the top and rebuilt the node list: cubic in depth (2,000 Relu/Mul/Add nodes: 45 s)."""
 
     def __init__(self, graph: Graph):
         self.nodes = list(graph.nodes)
+        self.keys = [float(i) for i in range(len(self.nodes))]
+        self.key = {n.name: float(i) for i, n in enumerate(self.nodes)}
         self.tensors = {k: np.asarray(v) for k, v in graph.tensors.items()}
         self.output = graph.output
+        self.shapes = {n.name: n.shape for n in self.nodes}
+        self.users: dict[str, dict[str, None]] = {n.name: {} for n in self.nodes}
+        for n in self.nodes:
+            for i in n.inputs:
+                self.users[i][n.name] = None
+        self.touched: set[str] = set()
 
-    def consumers(self, name):
-        return [n for n in self.nodes if name in n.inputs]
+    # -- positions and indexes ---------------------------------------------------------------
+    def position(self, name: str) -> int:
+        return bisect.bisect_left(self.keys, self.key[name])
 
+    def node(self, name: str) -> Node:
+        return self.nodes[self.position(name)]
+
+    def _unlink(self, node: Node) -> None:
+        for x in node.inputs:
+            self.users[x].pop(node.name, None)
+            self.touched.add(x)
+
+    def _link(self, node: Node) -> None:
+        for x in node.inputs:
+            self.users[x][node.name] = None
+            self.touched.add(x)
+        self.shapes[node.name] = node.shape
+        self.touched.add(node.name)
+
+    def _put(self, new: Node) -> None:
+        """`new` in the slot of the node of the same name."""
+        i = self.position(new.name)
+        self._unlink(self.nodes[i])
+        self.nodes[i] = new
+        self._link(new)
+
+    def _take_slot(self, old: Node, new: Node) -> None:
+        """`new` (another name) in the slot of `old`, which no node reads any more."""
+        i = self.position(old.name)
+        self._unlink(old)
+        key = self.keys[i]
+        del self.key[old.name], self.users[old.name], self.shapes[old.name]
+        self.nodes[i] = new
+        self.key[new.name] = key
+        self.users.setdefault(new.name, {})
+        self._link(new)
+
+    def _drop(self, node: Node) -> None:
+        i = self.position(node.name)
+        self._unlink(node)
+        del self.nodes[i], self.keys[i]
+        del self.key[node.name], self.users[node.name], self.shapes[node.name]
+
+    def _insert_after(self, before: str, new: Node) -> None:
+        i = self.position(before) + 1
+        lo = self.keys[i - 1]
+        hi = self.keys[i] if i < len(self.keys) else lo + 2.0
+        key = (lo + hi) / 2
+        if not lo < key < hi:               # no float left between them: renumber all
+            self.keys = [float(k) for k in range(len(self.nodes))]
+            self.key = {n.name: float(k) for k, n in enumerate(self.nodes)}
+            key = self.keys[i - 1] + 0.5
+        self.nodes.insert(i, new)
+        self.keys.insert(i, key)
+        self.key[new.name] = key
+        self.users[new.name] = {}
+        self._link(new)
+
+    def _rewire(self, readers, old: str, new: str) -> None:
+        """The nodes named in `readers` read `new` where they read `old`."""
+        for c in readers:
+            n = self.node(c)
+            self._put(dataclasses.replace(n, inputs=tuple(new if i == old else i
+                                                          for i in n.inputs)))
+
+    def restart(self, fallback: int) -> int:
+        """Where the next scan must start: no node before it can have changed."""
+        live = [self.position(t) for t in self.touched if t in self.key]
+        self.touched.clear()
+        return min([fallback, *live])
+
+    # -- what the rewrites use ---------------------------------------------------------------
     def get(self, node: Node, role: str):
         key = node.param(role)
         return None if key is None else self.tensors[key].astype(F64)
@@ -51,34 +134,30 @@ class _Scratch:
             self.tensors[key] = np.ascontiguousarray(value, dtype=np.float32)
             keys.append((role, key))
         new = dataclasses.replace(new, params=tuple(keys))
-        self.nodes[self.nodes.index(old)] = new
+        self._put(new)
         return new
 
-    def remove_passthrough(self, node: Node):
+    def remove(self, node: Node) -> None:
+        """Delete `node`, which no node reads any more."""
+        self._drop(node)
+
+    def remove_passthrough(self, node: Node) -> None:
         """Delete `node`, whose consumers now read its input instead."""
         src = node.inputs[0]
-        self.nodes = [dataclasses.replace(n, inputs=tuple(src if i == node.name else i
-                                                         for i in n.inputs))
-                      for n in self.nodes if n is not node]
+        self._rewire(list(self.users[node.name]), node.name, src)
+        self._drop(node)
         if self.output == node.name:
             self.output = src
+            self.touched.add(src)
 
     def only_consumer(self, node: Node):
-        users = self.consumers(node.name)
+        users = self.users[node.name]
         if len(users) == 1 and node.name != self.output:
-            return users[0]
+            return self.node(next(iter(users)))
         return None
 
-
-def _facts(s: _Scratch, n: Node):
-    return node_facts(_AsGraph(s), n)
-
-
-class _AsGraph:
-    """The scratch graph seen as a Graph by node_facts (nodes and tensors)."""
-
-    def __init__(self, s: _Scratch):
-        self.nodes, self.tensors = s.nodes, s.tensors
+    def facts(self, node: Node):
+        return node_facts(self, node, self.shapes)
 
 
 def _affine_full(s: _Scratch, n: Node):
@@ -93,13 +172,13 @@ def _merge_affines(s, first, second):
     s2, t2 = _affine_full(s, second)
     merged = dataclasses.replace(second, inputs=first.inputs, origin=f"{first.origin} + {second.origin}")
     s.replace(second, merged, {"scale": s1 * s2, "shift": t1 * s2 + t2})
-    s.nodes.remove(first)
+    s.remove(first)
     return True
 
 
 def _fold_affine_after(s, layer, affine):
     scale, shift = _affine_full(s, affine)
-    folded = op_class(layer).absorb_affine_after(_facts(s, layer), s.get(layer, "weight"),
+    folded = op_class(layer).absorb_affine_after(s.facts(layer), s.get(layer, "weight"),
                                                  s.get(layer, "bias"), scale, shift)
     if folded is None:
         return False
@@ -114,13 +193,13 @@ def _move_affine_behind_view(s, affine, reshape):
     target = reshape.shape          # a view keeps the element order: only the shape changes
     moved_reshape = dataclasses.replace(reshape, inputs=affine.inputs)
     moved_affine = dataclasses.replace(affine, inputs=(reshape.name,), shape=reshape.shape)
-    i = s.nodes.index(affine)
-    s.nodes.remove(reshape)
-    s.nodes[i] = moved_reshape
-    s.nodes.insert(i + 1, moved_affine)
-    # Consumers of the reshape now read the affine (which took over the affine's name).
-    s.nodes = [n if n is moved_affine else dataclasses.replace(
-        n, inputs=tuple(affine.name if x == reshape.name else x for x in n.inputs)) for n in s.nodes]
+    readers = list(s.users[reshape.name])
+    # The reshape takes the affine's slot, the affine goes right after it, and consumers of
+    # the reshape now read the affine.
+    s.remove(reshape)
+    s._take_slot(affine, moved_reshape)
+    s._insert_after(reshape.name, moved_affine)
+    s._rewire(readers, reshape.name, affine.name)
     if s.output == reshape.name:
         s.output = affine.name
     s.replace(moved_affine, moved_affine, {"scale": scale.reshape(target),
@@ -131,37 +210,44 @@ def _move_affine_behind_view(s, affine, reshape):
 
 def _fold_affine_before(s, affine, layer):
     scale, shift = _affine_full(s, affine)
-    folded = op_class(layer).absorb_affine_before(_facts(s, layer), s.get(layer, "weight"),
+    folded = op_class(layer).absorb_affine_before(s.facts(layer), s.get(layer, "weight"),
                                                   s.get(layer, "bias"), scale, shift)
     if folded is None:
         return False
     fused = dataclasses.replace(layer, inputs=affine.inputs, origin=f"{affine.origin} + {layer.origin}")
     s.replace(layer, fused, {"weight": folded[0], "bias": np.asarray(folded[1], dtype=F64)})
-    s.nodes.remove(affine)
+    s.remove(affine)
     return True
 
 
-def _rewrite_once(s: _Scratch) -> bool:
-    for n in s.nodes:
+def _rewrite_at(s: _Scratch, start: int) -> int | None:
+    """Apply the first rewrite that fires at or after position `start`; the position the
+    next scan starts from, or None when none fires (the nodes before `start` are known not
+    to fire, so this is the first rewrite of a scan from the top)."""
+    for i in range(start, len(s.nodes)):
+        n = s.nodes[i]
         user = s.only_consumer(n)
         if user is None:
             continue
         first, second = op_class(n), op_class(user)
+        s.touched.clear()
         if first.pointwise_affine and second.pointwise_affine:
-            return _merge_affines(s, n, user)
-        if second.pointwise_affine and _fold_affine_after(s, n, user):
-            return True
-        if first.pointwise_affine and second.is_view:
-            return _move_affine_behind_view(s, n, user)
-        if first.pointwise_affine and _fold_affine_before(s, n, user):
-            return True
-    return False
+            _merge_affines(s, n, user)
+        elif not ((second.pointwise_affine and _fold_affine_after(s, n, user))
+                  or (first.pointwise_affine and second.is_view
+                      and _move_affine_behind_view(s, n, user))
+                  or (first.pointwise_affine and _fold_affine_before(s, n, user))):
+            continue
+        return s.restart(i)
+    return None
 
 
 def canonicalize(graph: Graph, options) -> Graph:
     s = _Scratch(graph)
+    start = 0
     for _ in range(10 * len(s.nodes) + 10):
-        if not _rewrite_once(s):
+        start = _rewrite_at(s, start)
+        if start is None:
             break
     used = {key for n in s.nodes for _, key in n.params}
     return graph.with_nodes(s.nodes, {k: v for k, v in s.tensors.items() if k in used}, s.output)

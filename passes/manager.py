@@ -17,6 +17,11 @@ from shardbound.runtime.parallel.params import STREAM_CHUNK_BYTES
 
 PassFn = Callable[[Graph, "PassOptions"], Graph]
 
+# The largest tensor a model may declare or compute, in elements (256 MiB of float32): far
+# above real verification networks (a 3x32x32 CNN's largest layer has 65,536), far below
+# what a 150-byte file could ask for (a declared 1x20000x20000 input took 3.2 GB to refuse).
+MAX_ELEMENTS = 1 << 26
+
 
 @dataclass(frozen=True)
 class PassOptions:
@@ -27,6 +32,7 @@ class PassOptions:
     nproc: int = 1                     # the world size `inspect` predicts memory for
     stream_chunk_bytes: int = STREAM_CHUNK_BYTES   # fsdp: most of one weight gathered at once
     tp_intermediate: str = "ibp"       # tp: how zone nodes feeding a ReLU are bounded
+    max_elements: int = MAX_ELEMENTS   # import: the largest tensor (elements) a model may have
 
 
 @dataclass(frozen=True)

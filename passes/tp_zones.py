@@ -86,14 +86,13 @@ def find_zones(graph: Graph) -> list[tuple[Node, list[Node], Node]]:
     return zones
 
 
-def _ancestors(graph: Graph) -> dict[str, set[str]]:
-    acc: dict[str, set[str]] = {}
+def _after_zone(graph: Graph, zone_nodes: set[str]) -> dict[str, bool]:
+    """Per node: whether some zone node is upstream of it (one linear sweep; a set of
+    ancestors per node was quadratic in depth)."""
+    below: dict[str, bool] = {}
     for n in graph.nodes:
-        s = set()
-        for i in n.inputs:
-            s |= acc[i] | {i}
-        acc[n.name] = s
-    return acc
+        below[n.name] = any(i in zone_nodes or below[i] for i in n.inputs)
+    return below
 
 
 def tp_zones(graph: Graph, options) -> Graph:
@@ -104,15 +103,15 @@ def tp_zones(graph: Graph, options) -> Graph:
     if tp_intermediate not in TP_INTERMEDIATE:
         raise ShardboundError(f"unknown --tp-intermediate {tp_intermediate!r}; choose ibp or crown")
     zones = find_zones(graph)
-    ancestors = _ancestors(graph)
     zone_nodes = {n.name for col, chain, row in zones for n in (col, *chain, row)}
+    after_zone = _after_zone(graph, zone_nodes)
     plan = dict(graph.annotations.get("bounds", {}))
     reduce = f"{options.summation} reduction" + (" (block-aligned tree)"
                                                  if options.summation == "blocked" else "")
     notes: dict[str, Placement] = {}
     for z, (col, chain, row) in enumerate(zones):
         C = col.shape[0]
-        local = not (ancestors[col.name] & zone_nodes)
+        local = not after_zone[col.name]
         split = ""
         if options.nproc > 1:
             parts = " ".join(f"[{a},{b})" for a, b in channel_ranges(options.summation, C,

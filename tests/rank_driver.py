@@ -3,7 +3,9 @@
 argv: JOB.json OUT.json. JOB lists {"dir", "lower", "upper"} entries and "methods" (bound
 methods, or "crown-prior": CROWN on a sub-box with the box's bounds as a prior); rank 0
 writes, per entry and method, the bounds_sha256 and the memory ledger (max over ranks), and
-the bounds themselves when JOB has "bounds": true.
+the bounds themselves when JOB has "bounds": true. An entry with "specs" (spec.json files as
+`shardbound verify` writes them) is verified instead: per spec, the verdict and the SHA-256
+of its VNN-COMP result text.
 Loading many programs in one job keeps the multi-rank tests to a few process launches.
 """
 
@@ -29,6 +31,9 @@ def main(job_path, out_path):
     results = []
     for entry in job["entries"]:
         verifier = load(entry["dir"], comm=comm)
+        if "specs" in entry:
+            results += _verify_all(verifier, entry, comm)
+            continue
         if job.get("gradients"):
             results.append(_forward_and_gradient(verifier, entry))
         for method in job["methods"]:
@@ -51,6 +56,21 @@ def main(job_path, out_path):
             json.dump({"world": comm.world, "results": results}, f)
     if comm.world > 1:
         exit_rank(0)                  # skip the gloo teardown (see runtime.dist.exit_rank)
+
+
+def _verify_all(verifier, entry, comm) -> list[dict]:
+    import hashlib
+
+    from shardbound.runtime.verification.spec import read_spec
+    from shardbound.runtime.verification.verdict import verify
+
+    out = []
+    for path in entry["specs"]:
+        result = verify(verifier, read_spec(path), entry.get("verify_timeout", 120), comm)
+        text = result.vnncomp_text()
+        out.append({"dir": entry["dir"], "method": path, "verdict": result.verdict,
+                    "text": text, "sha": hashlib.sha256(text.encode()).hexdigest()})
+    return out
 
 
 def _crown_with_prior(verifier, entry):

@@ -12,6 +12,8 @@ import torch
 from conftest import random_box
 from multirank import compile_pairs, run_job, shared_cases, zoo_cases
 
+pytestmark = pytest.mark.multirank     # jobs of several processes (pyproject.toml)
+
 MODELS = ("mlp", "cnn_batchnorm", "residual", "cnn_avgpool")
 METHODS = ["ibp", "crown", "alpha-crown"]
 

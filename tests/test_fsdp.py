@@ -32,6 +32,7 @@ def programs(tmp_path_factory):
     return tmp, pairs
 
 
+@pytest.mark.multirank
 def test_fsdp_bounds_bitwise_equal_single_for_p_1_to_4(programs):
     tmp, pairs = programs
     methods = ["ibp", "crown"]
@@ -46,6 +47,7 @@ def test_fsdp_bounds_bitwise_equal_single_for_p_1_to_4(programs):
         assert {"acasxu", "mnist"} <= names
 
 
+@pytest.mark.multirank
 def test_fsdp_resident_weights_fall_with_p(programs):
     tmp, pairs = programs
     entries = [f for name, _, f in pairs if name == "cnn_batchnorm"]
@@ -115,6 +117,7 @@ def fsdp_program(tmp_path):
     return out, str(box)
 
 
+@pytest.mark.multirank
 def test_run_nproc_reports_memory_and_matches_single(fsdp_program, tmp_path):
     out, box = fsdp_program
     res = _run_cli(["run", out, "--box", box, "--nproc", "2", "--json", str(tmp_path / "o2.json")])
@@ -130,19 +133,25 @@ def test_run_nproc_reports_memory_and_matches_single(fsdp_program, tmp_path):
     assert o2["memory"]["resident_param_bytes"] < o1["memory"]["resident_param_bytes"]
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("how", ["die", "hang"])
-def test_a_dead_or_hung_rank_stops_the_others_with_a_clear_message(fsdp_program, how):
+def test_a_dead_or_hung_rank_stops_the_others_with_a_clear_message(fsdp_program, how, tmp_path):
     out, box = fsdp_program
+    logs = tmp_path / "logs"
+    logs.mkdir()
     start = time.monotonic()
     res = _run_cli(["run", out, "--box", box, "--nproc", "2", "--timeout", "5"],
-                   env={"SHARDBOUND_FAULT": f"1:3:{how}"}, timeout=90)
+                   env={"SHARDBOUND_FAULT": f"1:3:{how}", "TMPDIR": str(logs)}, timeout=90)
     elapsed = time.monotonic() - start
-    assert res.returncode != 0
+    assert res.returncode == 3, res.stderr             # a rank failed or hung
     assert "Traceback" not in res.stderr
-    assert "rank 1" in res.stderr, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "rank 1" in lines[0], res.stderr
+    assert str(logs) in lines[0]                        # the ranks' log, kept and named
     assert elapsed < 60, elapsed
 
 
+@pytest.mark.multirank
 def test_memory_plan_predicts_the_measured_peak_and_rows_shard(programs):
     """Work sharding: per-rank A-matrices fall with P; the memory model is within 10%."""
     tmp, pairs = programs

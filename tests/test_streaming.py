@@ -7,7 +7,11 @@ one block of a weight."""
 
 from __future__ import annotations
 
+import pytest
+
 from multirank import compile_pairs, run_job, shared_cases, zoo_cases
+
+pytestmark = pytest.mark.multirank     # jobs of several processes (pyproject.toml)
 
 CHUNK = 256      # bytes: 64 floats, smaller than most rows of the test weights
 METHODS = ["ibp", "crown", "alpha-crown"]

@@ -21,6 +21,8 @@ from conftest import SHARED, random_box
 from multirank import box_entry, compile_to, run_job, shared_cases, zoo_cases
 from soundness import assert_sound
 
+pytestmark = pytest.mark.multirank     # jobs of several processes (pyproject.toml)
+
 TP_MODELS = ("tp_linear_zone", "tp_mlp1", "tp_mlp2", "tp_mlp3", "tp_cnn", "mlp")
 FAST_MODELS = ("tp_mlp2", "tp_cnn")
 METHODS = ["ibp", "crown"]

@@ -148,6 +148,7 @@ def test_acasxu_instances(tmp_path, net, prop, expected):
         assert np.allclose(y, [values[f"Y_{j}"] for j in range(5)], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.multirank
 def test_relu_split_verdict_single_and_fsdp(tmp_path):
     """24 inputs (ReLU splitting's territory), a threshold between alpha-CROWN's bound and the
     attacked minimum: unsat through relu-split, the same on 2 fsdp ranks (row-sharded

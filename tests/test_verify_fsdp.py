@@ -13,6 +13,8 @@ import zoo
 from multirank import compile_to
 from test_verify import _verify, _write_property
 
+pytestmark = pytest.mark.multirank     # jobs of several processes (pyproject.toml)
+
 
 @pytest.fixture(scope="module")
 def properties(tmp_path_factory):

@@ -23,6 +23,8 @@ import zoo
 from multirank import box_entry, compile_to, run_job
 from test_verify import _forward, _parse_result, _verify, _write_property
 
+pytestmark = pytest.mark.multirank     # jobs of several processes (pyproject.toml)
+
 
 # -- gradients ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")

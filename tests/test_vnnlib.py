@@ -6,17 +6,17 @@ rather than by comparing against one particular row layout, so the tests pin dow
 """
 
 import re
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import SHARED
 from shardbound.compiler.errors import ShardboundError
 from shardbound.compiler.vnnlib import (Case, Conjunction, Property, parse_vnnlib,
                                         parse_vnnlib_text)
 
-BENCH = Path("/work/shared/benchmarks")
+BENCH = Path(SHARED)        # ../shared/benchmarks next to the repository, or absent
 
 
 def _bench_files(family):
@@ -68,10 +68,8 @@ def test_acasxu_files_parse(path):
 
 
 @pytest.mark.parametrize("path", _bench_files("mnistfc"))
-def test_mnistfc_files_parse_fast_with_robustness_semantics(path):
-    start = time.perf_counter()
-    prop = parse_vnnlib(path)
-    assert time.perf_counter() - start < 1.0
+def test_mnistfc_files_parse_with_robustness_semantics(path):
+    prop = parse_vnnlib(path)       # parse speed: bench/vnnlib_parse.py
     _check_structure(prop, 784, 10)
     label = int(re.search(r"label: (\d+)", path.read_text()).group(1))
     eps = float(re.search(r"_([0-9.]+)\.vnnlib$", path.name).group(1))

@@ -238,6 +238,139 @@ ZOO = {
 
 MLPS = ("mlp", "mlp_matmul_add", "normalized_mlp", "old_style_opset8")
 
+# Models of the op families beyond ReLU: each family appends its block of builders at the end
+# of this file and adds them here.
+OP_ZOO: dict = {}
+
 
 def build(name: str, seed: int = 0):
-    return {**ZOO, **TP_ZOO}[name](np.random.default_rng(seed))
+    return {**ZOO, **TP_ZOO, **OP_ZOO}[name](np.random.default_rng(seed))
+
+
+# -- models of the op-family ops (issue 12), one block per family --------------------------------
+# activation family: LeakyRelu, PRelu, Clip / Relu6, Abs, Max with a constant
+def leaky_residual(rng, n_in=20, width=16, n_out=3, alpha=0.1):
+    """A LeakyRelu residual block: Gemm -> LeakyRelu -> Gemm (+ skip Add) -> LeakyRelu -> Gemm
+    (20 inputs: branch and bound splits neurons rather than inputs)."""
+    b = Builder(rng, (n_in,))
+    h = b.op("LeakyRelu", [b.gemm("x", n_in, width)], alpha=alpha)
+    s = b.op("Add", [h, b.gemm(h, width, width)])
+    h = b.op("LeakyRelu", [s], alpha=alpha)
+    return b.build(b.gemm(h, width, n_out)), b.input_shape
+
+
+def clip_abs_mlp(rng, n_in=6, width=10, n_out=3):
+    """Relu6 (Clip 0..6 with constant inputs), Abs, PRelu (per-neuron slopes of either sign,
+    some above 1) and Max with a per-neuron constant, one per hidden layer."""
+    b = Builder(rng, (n_in,))
+    h = b.op("Clip", [b.gemm("x", n_in, width), b.const(np.float32(0)), b.const(np.float32(6))])
+    h = b.op("Abs", [b.gemm(h, width, width)])
+    h = b.op("PRelu", [b.gemm(h, width, width), b.const(rng.uniform(-0.5, 1.5, (width,)))])
+    h = b.op("Max", [b.gemm(h, width, width), b.const(rng.uniform(-0.3, 0.3, (width,)))])
+    return b.build(b.gemm(h, width, n_out)), b.input_shape
+
+
+def tp_leaky_prelu(rng, n_in=8, hidden=520, n_out=4):
+    """One tp zone whose elementwise chain is LeakyRelu -> PRelu (a slope per hidden neuron,
+    so each rank holds its slice) -> Max with a per-neuron constant; 520 hidden = 3 blocks."""
+    b = Builder(rng, (n_in,))
+    h = b.op("LeakyRelu", [b.gemm("x", n_in, hidden)], alpha=0.2)
+    h = b.op("PRelu", [h, b.const(rng.uniform(-0.5, 1.5, (hidden,)))])
+    h = b.op("Max", [h, b.const(rng.uniform(-0.2, 0.1, (hidden,)))])
+    return b.build(b.gemm(h, hidden, n_out)), b.input_shape
+
+
+OP_ZOO.update({"leaky_residual": leaky_residual, "clip_abs_mlp": clip_abs_mlp,
+               "tp_leaky_prelu": tp_leaky_prelu})
+
+
+# -- smooth family: Sigmoid and Tanh ------------------------------------------------------------
+def sigmoid_mlp(rng):
+    """Three Sigmoid layers: 6 -> 16 -> 16 -> 12 -> 4."""
+    b = Builder(rng, (6,))
+    h = "x"
+    for n_in, n_out in ((6, 16), (16, 16), (16, 12)):
+        h = b.op("Sigmoid", [b.gemm(h, n_in, n_out)])
+    return b.build(b.gemm(h, 12, 4)), b.input_shape
+
+
+def tanh_mlp(rng):
+    """Input normalisation, two Tanh layers and a ReLU: 6 -> 16 -> 16 -> 12 -> 4."""
+    b = Builder(rng, (6,))
+    h = b.op("Sub", ["x", b.const(rng.uniform(-0.2, 0.2, (6,)))])
+    h = b.op("Div", [h, b.const(rng.uniform(0.5, 1.0, (6,)))])
+    h = b.op("Tanh", [b.gemm(h, 6, 16)])
+    h = b.op("Tanh", [b.gemm(h, 16, 16)])
+    h = b.relu(b.gemm(h, 16, 12))
+    return b.build(b.gemm(h, 12, 4)), b.input_shape
+
+
+def tp_sigmoid(rng):
+    """A Sigmoid inside a Megatron zone (Gemm 8 -> 520, Sigmoid, Gemm 520 -> 16: 3 blocks of
+    256), then a replicated Tanh and Gemm 16 -> 4."""
+    b = Builder(rng, (8,))
+    h = b.op("Sigmoid", [b.gemm("x", 8, 520)])
+    h = b.op("Tanh", [b.gemm(h, 520, 16)])
+    return b.build(b.gemm(h, 16, 4)), b.input_shape
+
+
+OP_ZOO.update({"sigmoid_mlp": sigmoid_mlp, "tanh_mlp": tanh_mlp, "tp_sigmoid": tp_sigmoid})
+
+
+# MaxPool and Pad (runtime/ops/pooling.py, runtime/ops/layout.py)
+def maxpool_cnn(rng):
+    """Conv -> ReLU -> MaxPool (3x3, stride 2, pads 1: overlapping windows) -> Conv -> ReLU ->
+    Flatten -> Gemm."""
+    b = Builder(rng, (2, 8, 8))
+    h = b.op("Conv", ["x", b.const(b.weight(4, 2, 3, 3)), b.const(rng.normal(0, 0.1, (4,)))],
+             pads=[1, 1, 1, 1])
+    h = b.op("MaxPool", [b.relu(h)], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    h = b.op("Conv", [h, b.const(b.weight(4, 4, 3, 3)), b.const(rng.normal(0, 0.1, (4,)))])
+    h = b.op("Flatten", [b.relu(h)], axis=1)
+    return b.build(b.gemm(h, 4 * 2 * 2, 5)), b.input_shape
+
+
+def pad_avgpool_cnn(rng):
+    """Pad (reflect) -> Conv -> ReLU -> Pad (constant 0.2) -> AveragePool -> Flatten -> Gemm."""
+    b = Builder(rng, (1, 6, 6))
+    h = b.op("Pad", ["x", b.const(np.array([0, 0, 1, 2, 0, 0, 1, 0], dtype=np.int64))],
+             mode="reflect")                                                   # (1, 1, 8, 8)
+    h = b.op("Conv", [h, b.const(b.weight(3, 1, 3, 3)), b.const(rng.normal(0, 0.1, (3,)))])
+    h = b.op("Pad", [b.relu(h), b.const(np.array([0, 0, 0, 1, 0, 0, 0, 1], dtype=np.int64)),
+                     b.const(np.array(0.2, dtype=np.float32))], mode="constant")  # (1, 3, 6, 8)
+    h = b.op("AveragePool", [h], kernel_shape=[2, 2], strides=[2, 2])          # (1, 3, 3, 4)
+    h = b.op("Flatten", [h], axis=1)
+    return b.build(b.gemm(h, 36, 4)), b.input_shape
+
+
+def tp_maxpool_cnn(rng, channels=260):
+    """A conv tp zone that holds a MaxPool: Conv 1 -> 260 channels (two 256-blocks, so P = 2
+    splits it), ReLU, MaxPool 2x2 stride 2, Conv 260 -> 3 (row), then ReLU, Flatten, Gemm."""
+    b = Builder(rng, (1, 4, 4))
+    h = b.op("Conv", ["x", b.const(b.weight(channels, 1, 3, 3)),
+                      b.const(rng.normal(0, 0.1, (channels,)))], pads=[1, 1, 1, 1])
+    h = b.op("MaxPool", [b.relu(h)], kernel_shape=[2, 2], strides=[2, 2])
+    h = b.op("Conv", [h, b.const(b.weight(3, channels, 2, 2)), b.const(rng.normal(0, 0.1, (3,)))])
+    h = b.op("Flatten", [b.relu(h)], axis=1)
+    return b.build(b.gemm(h, 3, 3)), b.input_shape
+
+
+def tp_pad_cnn(rng, channels=260):
+    """A conv tp zone that holds a Pad (constant 0.3 on the spatial axes: elementwise per
+    channel, with a bias term): Conv 1 -> 260, ReLU, Pad, Conv 260 -> 3, ReLU, Flatten, Gemm."""
+    b = Builder(rng, (1, 3, 3))
+    h = b.op("Conv", ["x", b.const(b.weight(channels, 1, 2, 2)),
+                      b.const(rng.normal(0, 0.1, (channels,)))])                # (260, 2, 2)
+    h = b.op("Pad", [b.relu(h), b.const(np.array([0, 0, 1, 0, 0, 0, 0, 1], dtype=np.int64)),
+                     b.const(np.array(0.3, dtype=np.float32))])                 # (260, 3, 3)
+    h = b.op("Conv", [h, b.const(b.weight(3, channels, 2, 2)), b.const(rng.normal(0, 0.1, (3,)))])
+    h = b.op("Flatten", [b.relu(h)], axis=1)
+    return b.build(b.gemm(h, 12, 3)), b.input_shape
+
+
+OP_ZOO.update({
+    "maxpool_cnn": maxpool_cnn,
+    "pad_avgpool_cnn": pad_avgpool_cnn,
+    "tp_maxpool_cnn": tp_maxpool_cnn,
+    "tp_pad_cnn": tp_pad_cnn,
+})

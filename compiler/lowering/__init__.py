@@ -68,4 +68,4 @@ def find_handler(op_type: str, opset: int, domain: str = "") -> Handler | None:
 
 # Register every op family (imported for their side effect on _REGISTRY).
 from shardbound.compiler.lowering import (activation, arithmetic, conv, layout, linear,  # noqa: E402,F401
-                                           pooling)
+                                           pooling, smooth)

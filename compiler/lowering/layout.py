@@ -1,7 +1,8 @@
 """The layout family: Flatten, Reshape, Squeeze, Unsqueeze and Transpose (a `reshape` node, or a
 `transpose` when the element order really changes; the batch axis stays first), the
-pass-through ops Identity, Dropout (inference) and Cast between floats, and the constant
-sources Constant and Shape."""
+pass-through ops Identity, Dropout (inference) and Cast between floats, the constant
+sources Constant and Shape, and Pad (constant / reflect / edge / wrap, negative pads crop: a
+`pad` node, an index map)."""
 
 from __future__ import annotations
 
@@ -162,3 +163,79 @@ def lower_cast(ctx, node):
     if to not in (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16):
         raise ctx.error("a cast of a computed tensor to a non-float type is not supported")
     ctx.alias(node.outputs[0], ctx.computed(node.inputs[0]))
+
+
+# -- Pad ----------------------------------------------------------------------------------------
+def _pad(ctx, node, pads, value, axes=None):
+    """Pads `pads` (ONNX layout: every begin, then every end, over `axes` or all axes) of the
+    computed input, as a `pad` node over the per-sample axes; the batch axis is not padded."""
+    from shardbound.runtime.ops.layout import PAD_MODES, pad_axis_source
+
+    x = ctx.computed(node.inputs[0])
+    full = x.full_shape
+    rank = len(full)
+    mode = node.attrs.get("mode", "constant")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if mode not in PAD_MODES or (mode == "wrap" and ctx.opset < 19):
+        raise ctx.error(f"pad mode {mode!r} is not supported at this opset; use constant, "
+                        "reflect or edge" + (" (or wrap from opset 19)" if mode == "wrap" else ""))
+    pads = [int(p) for p in np.asarray(pads).reshape(-1)]
+    if axes is None:
+        axes = list(range(rank))
+    axes = [a + rank if a < 0 else a for a in axes]
+    if any(not 0 <= a < rank for a in axes) or len(set(axes)) != len(axes):
+        raise ctx.error(f"axes {axes} are not distinct axes of the rank-{rank} input")
+    if len(pads) != 2 * len(axes):
+        raise ctx.error(f"pads {pads} must have 2 entries per padded axis ({2 * len(axes)})")
+    per_axis = [(0, 0)] * rank
+    for i, a in enumerate(axes):
+        per_axis[a] = (pads[i], pads[i + len(axes)])
+    if per_axis[0] != (0, 0):
+        raise ctx.error(f"pads {pads} pad the batch axis; only per-sample axes can be padded")
+    value = float(np.asarray(value, dtype=np.float32).reshape(-1)[0]) if value is not None else 0.0
+    if not np.isfinite(value):
+        raise ctx.error(f"constant value {value} is not finite; bounds through it would be "
+                        "meaningless")
+    try:
+        for n, (b, e) in zip(full[1:], per_axis[1:]):
+            pad_axis_source(n, b, e, mode)
+    except ValueError as err:
+        raise ctx.error(f"{err}") from None
+    if all(p == (0, 0) for p in per_axis):
+        ctx.alias(node.outputs[0], x)
+        return
+    ctx.emit("pad", [x], node.outputs[0],
+             attrs={"pads": tuple(per_axis[1:]), "mode": mode,
+                    "value": value if mode == "constant" else 0.0})
+
+
+def _const_value(ctx, node, i):
+    v = ctx.optional_input(node, i)
+    if v is None:
+        return None
+    value = np.asarray(ctx.const(v, "constant_value"))
+    if value.size != 1:
+        raise ctx.error(f"constant_value must be a scalar, got shape {value.shape}")
+    return value
+
+
+@register("Pad", since=2)
+def lower_pad_2(ctx, node):
+    """Opset 2: the `pads` and `value` attributes. (Opset 1's `paddings` spelling is not
+    registered: onnxruntime runs no opset below 7, so it could not be checked.)"""
+    _pad(ctx, node, node.attrs.get("pads", []), node.attrs.get("value", 0.0))
+
+
+@register("Pad", since=11)
+def lower_pad_11(ctx, node):
+    """Opset 11: pads and the constant value are inputs (constants here)."""
+    _pad(ctx, node, ctx.const(node.inputs[1], "pads"), _const_value(ctx, node, 2))
+
+
+@register("Pad", since=18)
+def lower_pad_18(ctx, node):
+    """Opset 18: an optional `axes` input says which axes `pads` covers (19 adds wrap mode)."""
+    axes_in = ctx.optional_input(node, 3)
+    axes = None if axes_in is None else [int(a) for a in
+                                         np.asarray(ctx.const(axes_in, "axes")).reshape(-1)]
+    _pad(ctx, node, ctx.const(node.inputs[1], "pads"), _const_value(ctx, node, 2), axes)

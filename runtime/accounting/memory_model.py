@@ -76,7 +76,13 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
     shard rows also stream large linear weights in blocks of `stream_chunk_bytes`).
     `crown_rows` (a run's `Network.bounded_rows`): how many neurons of each planned node CROWN
     bounded; without it every neuron is assumed to be (the most a run can take: the compiler's
-    memory_plan pass predicts before any box is known)."""
+    memory_plan pass predicts before any box is known).
+
+    Replaying every backward pass costs the sum of their lengths: quadratic in depth (a chain
+    of 20,000 ReLUs took minutes to compile). Only the largest peak is wanted, so each pass
+    first gets a cheap upper bound (`_PassBounds`), passes are replayed from the largest bound
+    down, and the rest are skipped once a bound falls to the peak already found: the result is
+    exactly the full replay's, for linear work on graphs whose passes peak alike."""
     fsdp = shard_rows is not None
     streamed = bool(shard_rows) and stream_chunk_bytes is not None
     shard_rows = bool(shard_rows) and world > 1
@@ -84,11 +90,9 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
         resident = sum(-(-n // world) * F32 for node in nodes for n in node.param_numels)
     else:
         resident = sum(n * F32 for node in nodes for n in node.param_numels)
-    gathered = {node.name: _gathered_bytes(node, fsdp and world > 1, streamed,
-                                           stream_chunk_bytes or 0)
-                for node in nodes}
+    gathered = [_gathered_bytes(node, fsdp and world > 1, streamed, stream_chunk_bytes or 0)
+                for node in nodes]
     index = {node.name: i for i, node in enumerate(nodes)}
-    by_name = {node.name: node for node in nodes}
 
     def rows(total):
         return -(-total // world) if shard_rows else total
@@ -96,65 +100,38 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
     # IBP: every node's (lower, upper) -- the input's are the box itself; views add nothing.
     ibp_bytes = 0
     peak = resident
-    for node in nodes:
+    for i, node in enumerate(nodes):
         if not node.traits.is_view:
             ibp_bytes += 2 * batch * math.prod(node.shape) * F32
-        peak = max(peak, resident + gathered[node.name] + ibp_bytes)
-    bounds = ibp_bytes
+        peak = max(peak, resident + gathered[i] + ibp_bytes)
     if method == "ibp":
         return {"resident_param_bytes": resident, "peak_tracked_bytes": peak}
 
-    def backward(target: NodeShape, S: int, eye: bool):
-        """Peak of one backward pass from `target` with S rows."""
-        nonlocal peak
-        # live: name -> (lower bytes, upper bytes, shared storage?)
-        while (eye and target.traits.is_view and len(target.inputs) == 1
-               and not by_name[target.inputs[0]].traits.is_input):
-            target = by_name[target.inputs[0]]      # unit rows of a view are its input's
-        stop = index[target.name] + 1
-        if eye and _starts_at_inputs(target, world, streamed, stream_chunk_bytes or 0):
-            # the target's own rows at its inputs (shared by both sides, broadcast over B)
-            live = {name: (S * math.prod(by_name[name].shape) * F32,) * 2 + (True,)
-                    for name in target.inputs}
-            a_prev = sum(l for l, _, _ in live.values())
-            # the target's parameters are released before its rows enter the ledger
-            peak = max(peak, resident + bounds + max(a_prev, gathered[target.name]))
-            stop -= 1
-        else:
-            first = (S * math.prod(target.shape) if eye
-                     else batch * S * math.prod(target.shape)) * F32
-            live = {target.name: (first, first, True)}
-            a_prev = first
-        for node in reversed(nodes[:stop]):
-            if node.name not in live or node.traits.is_input:
-                continue
-            l_bytes, u_bytes, shared = live.pop(node.name)
-            new_bytes = 0        # this step's outputs, alive with its inputs and parameters
-            for name in node.inputs:
-                size = batch * S * math.prod(by_name[name].shape) * F32
-                kept = node.traits.backward_memory
-                if kept == "view":
-                    produced = (l_bytes, u_bytes, shared)
-                else:
-                    produced = (size, size, shared and kept == "shared")
-                    new_bytes += size * (1 if produced[2] else 2)
-                if name in live:     # summed into a new tensor
-                    old = live[name]
-                    produced = (size, size, old[2] and produced[2])
-                live[name] = produced
-            peak = max(peak, resident + bounds + a_prev + new_bytes + gathered[node.name])
-            a_now = sum(l + (0 if sh else u) for l, u, sh in live.values())
-            peak = max(peak, resident + bounds + a_now)
-            a_prev = a_now
+    passes = _passes(nodes, index, batch, rows, ibp_bytes, output, spec_rows, crown_rows)
+    limits = _PassBounds(nodes, index, gathered)
+    ranked = sorted(passes, key=lambda p: -(resident + p[3] + limits.upper(p[0], p[1], batch)))
+    for target, S, eye, held in ranked:
+        if resident + held + limits.upper(target, S, batch) <= peak:
+            break                       # this pass and every later one cannot beat the peak
+        starts = (world, streamed, stream_chunk_bytes or 0)
+        peak = max(peak, resident + held + _backward_peak(nodes, index, gathered, target, S, eye,
+                                                          batch, starts))
+    return {"resident_param_bytes": resident, "peak_tracked_bytes": peak}
 
-    # The engine recomputes IBP from CROWN-tightened bounds (to choose the sparse rows): a
-    # node whose inputs' bounds were tightened gets new bounds of its own ("differs"), kept
-    # with the others and counted at the next planned node.
+
+def _passes(nodes, index, batch: int, rows, ibp_bytes: int, output: str, spec_rows,
+            crown_rows) -> list[tuple]:
+    """The backward passes in run order: (target index, rows, identity start?, bounds held).
+    The engine recomputes IBP from CROWN-tightened bounds (to choose the sparse rows): a
+    node whose inputs' bounds were tightened gets new bounds of its own ("differs"), kept
+    with the others and counted at the next planned node."""
+    passes = []
+    bounds = ibp_bytes
     differs, pending = set(), 0
-    for node in nodes:
+    for i, node in enumerate(nodes):
         planned = node.crown_bounds and not node.traits.is_input
         if not planned:
-            if any(i in differs for i in node.inputs):
+            if any(n in differs for n in node.inputs):
                 differs.add(node.name)
                 if not node.traits.is_view:
                     pending += 2 * batch * math.prod(node.shape) * F32
@@ -163,15 +140,115 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
         if crown_rows is not None:
             total = crown_rows.get(node.name, 0)
         if total:
-            backward(node, rows(total), eye=True)
-        if total or any(i in differs for i in node.inputs):
+            passes.append((i, rows(total), True, bounds))
+        if total or any(n in differs for n in node.inputs):
             bounds += 2 * batch * math.prod(node.shape) * F32      # new bounds of its own
             differs.add(node.name)
         bounds += pending
         pending = 0
-    out = by_name[output]
-    backward(out, rows(spec_rows or math.prod(out.shape)), eye=False)
-    return {"resident_param_bytes": resident, "peak_tracked_bytes": peak}
+    passes.append((index[output], rows(spec_rows or math.prod(nodes[index[output]].shape)),
+                   False, bounds))
+    return passes
+
+
+def _backward_peak(nodes, index, gathered, t: int, S: int, eye: bool, batch: int,
+                   starts: tuple = (1, False, 0)) -> int:
+    """The peak of live A-matrix bytes plus gathered parameters in one backward pass from
+    node `t` with S rows (what the ledger sees on top of resident parameters and bounds).
+    `starts`: (world, streamed, chunk) for `_starts_at_inputs`."""
+    while (eye and nodes[t].traits.is_view and len(nodes[t].inputs) == 1
+           and not nodes[index[nodes[t].inputs[0]]].traits.is_input):
+        t = index[nodes[t].inputs[0]]          # unit rows of a view are its input's
+    target = nodes[t]
+    peak = 0
+    # live: name -> (lower bytes, upper bytes, shared storage?)
+    if eye and _starts_at_inputs(target, *starts):
+        # the target's own rows at its inputs (shared by both sides, broadcast over B)
+        live = {name: (S * math.prod(nodes[index[name]].shape) * F32,) * 2 + (True,)
+                for name in target.inputs}
+        a_prev = sum(l for l, _, _ in live.values())
+        # the target's parameters are released before its rows enter the ledger
+        peak = max(a_prev, gathered[t])
+        t -= 1
+    else:
+        first = (S * math.prod(target.shape) if eye
+                 else batch * S * math.prod(target.shape)) * F32
+        live = {target.name: (first, first, True)}
+        a_prev = first
+    for j in range(t, -1, -1):
+        node = nodes[j]
+        if node.name not in live or node.traits.is_input:
+            continue
+        l_bytes, u_bytes, shared = live.pop(node.name)
+        new_bytes = 0        # this step's outputs, alive with its inputs and parameters
+        for name in node.inputs:
+            size = batch * S * math.prod(nodes[index[name]].shape) * F32
+            kept = node.traits.backward_memory
+            if kept == "view":
+                produced = (l_bytes, u_bytes, shared)
+            else:
+                produced = (size, size, shared and kept == "shared")
+                new_bytes += size * (1 if produced[2] else 2)
+            if name in live:     # summed into a new tensor
+                old = live[name]
+                produced = (size, size, old[2] and produced[2])
+            live[name] = produced
+        peak = max(peak, a_prev + new_bytes + gathered[j])
+        a_now = sum(l + (0 if sh else u) for l, u, sh in live.values())
+        peak = max(peak, a_now)
+        a_prev = a_now
+    return peak
+
+
+class _PassBounds:
+    """Upper bounds on `_backward_peak`, O(1) per pass after one linear sweep.
+
+    While a pass visits node j, every live A-matrix belongs to j or to an earlier node with a
+    consumer after j (the "cut" at j, taken over the whole graph: a pass sees a subset), and
+    the step adds one tensor per input of j. Each such tensor is at most batch x S x its
+    node's elements (a view's: the elements of the tensor it views), counted once when every
+    op after its node keeps lower and upper shared, else twice. So the peak of a pass from
+    node t is at most batch x S x 4 bytes x max over j <= t of (cut weight + step weight),
+    plus the largest gathered parameter set up to t."""
+
+    def __init__(self, nodes, index, gathered):
+        n = len(nodes)
+        numel = [math.prod(node.shape) for node in nodes]
+        consumers = [[] for _ in range(n)]
+        for j, node in enumerate(nodes):
+            for name in dict.fromkeys(node.inputs):
+                consumers[index[name]].append(j)
+        factor, elements = [2] * n, list(numel)
+        for j in range(n - 1, -1, -1):      # consumers come later: a reverse sweep sees them
+            cs = consumers[j]
+            kept_ok = all(nodes[c].traits.backward_memory in ("shared", "view") and factor[c] == 1
+                          for c in cs)
+            factor[j] = 1 if kept_ok else 2
+            for c in cs:
+                if nodes[c].traits.backward_memory == "view":
+                    elements[j] = max(elements[j], elements[c])
+        weight = [factor[j] * elements[j] for j in range(n)]
+        # cut[j]: weight of j and of the earlier nodes read after j (difference array).
+        delta = [0] * (n + 1)
+        for j in range(n):
+            if consumers[j]:
+                last = max(consumers[j])
+                if last > j + 1:
+                    delta[j + 1] += weight[j]
+                    delta[last] -= weight[j]
+        self.step = []          # prefix maxima of (cut + step) weight, and of gathered bytes
+        self.gathered = []
+        running, best, best_g = 0, 0, 0
+        for j, node in enumerate(nodes):
+            running += delta[j]
+            if not node.traits.is_input:
+                step = running + weight[j] + sum(weight[index[i]] for i in node.inputs)
+                best, best_g = max(best, step), max(best_g, gathered[j])
+            self.step.append(best)
+            self.gathered.append(best_g)
+
+    def upper(self, t: int, S: int, batch: int) -> int:
+        return batch * S * F32 * self.step[t] + self.gathered[t]
 
 
 def network_shapes(network) -> list[NodeShape]:

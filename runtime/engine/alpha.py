@@ -20,10 +20,12 @@ DEFAULT_LR = 0.25
 
 
 def alpha_crown(network, lower: torch.Tensor, upper: torch.Tensor, C=None,
-                iterations: int = DEFAULT_ITERATIONS, lr: float = DEFAULT_LR, cache=None):
+                iterations: int = DEFAULT_ITERATIONS, lr: float = DEFAULT_LR, cache=None,
+                stop=None):
     """Bounds (B, S) of C f(x): lower optimised by alpha-CROWN, upper from plain CROWN.
 
-    `cache` may hold (ibp, known) from an earlier intermediate pass on the same boxes."""
+    `cache` may hold (ibp, known) from an earlier intermediate pass on the same boxes;
+    `stop()` ends the optimisation early (a time budget; see `optimise.maximise`)."""
     with torch.no_grad():
         ibp, known = cache if cache is not None else network.intermediate_bounds(lower, upper)
         lb_all, ub = network.final_crown(ibp, known, lower, upper, C)
@@ -51,7 +53,7 @@ def alpha_crown(network, lower: torch.Tensor, upper: torch.Tensor, C=None,
 
     try:
         best = maximise(objective, [alpha_group(network, alphas, lr)], iterations, start=lb0,
-                        saved=saved)
+                        saved=saved, stop=stop)
     finally:
         saved.clear()
         ledger.set("alpha", 0)

@@ -27,12 +27,13 @@ LR_BETA = 0.05
 
 
 def beta_crown(network, ibp, known, lower, upper, C, splits, lb_start,
-               iterations: int = DEFAULT_ITERATIONS):
+               iterations: int = DEFAULT_ITERATIONS, stop=None):
     """(lower bounds (B, S) of C f(x) on each domain, at least `lb_start` (a sound bound of
     the same rows, e.g. CROWN's); the input A-matrix (B, S, *input) of the last iteration, or
     None). `splits` maps nodes feeding splittable ops to int8 (B, *shape). The A-matrix's
     minimising box vertex is where the optimised relaxation expects a violation: a
-    counterexample candidate that respects the split constraints better than CROWN's."""
+    counterexample candidate that respects the split constraints better than CROWN's.
+    `stop()` ends the optimisation early (a time budget; see `optimise.maximise`)."""
     S_all = lb_start.shape[1]
     a, b = network.rows.my_range(S_all)
     start = lb_start[:, a:b]
@@ -60,5 +61,5 @@ def beta_crown(network, ibp, known, lower, upper, C, splits, lb_start,
 
     groups = [alpha_group(network, alphas, LR_ALPHA),
               ParamGroup(list(betas.values()), LR_BETA, project_betas)]
-    best = maximise(objective, groups, iterations, start=start)
+    best = maximise(objective, groups, iterations, start=start, stop=stop)
     return network.rows.gather(best, S_all), network.rows.gather(grab["lA"].detach(), S_all)

@@ -34,13 +34,15 @@ MAX_ALPHA_ELEMENTS = 1 << 24        # per node: 64 MiB of slopes (+ Adam's two m
 
 
 def optimise_intermediate_bounds(network, lower, upper, known, iterations=DEFAULT_ITERATIONS,
-                                 lr=DEFAULT_LR, max_alpha_elements=MAX_ALPHA_ELEMENTS):
+                                 lr=DEFAULT_LR, max_alpha_elements=MAX_ALPHA_ELEMENTS, stop=None):
     """A copy of `known` (planned intermediate bounds on the boxes `lower`, `upper`) with the
-    planned-CROWN nodes tightened by alpha-CROWN."""
+    planned-CROWN nodes tightened by alpha-CROWN. `stop()` (a time budget) is asked before
+    each node and inside each optimisation; what was tightened until then is kept."""
     out = dict(known)
     if iterations <= 0:
         return out
     position = {n.name: i for i, n in enumerate(network.nodes)}
+    per_neuron_rows: dict[str, int] = {}    # an op's alpha elements per row (ops declare slots)
     for node in network.nodes:
         if (network.intermediate.get(node.name) != "crown" or node is network.input
                 or hasattr(node, "crown_bounds") or node.name not in out):
@@ -52,14 +54,20 @@ def optimise_intermediate_bounds(network, lower, upper, known, iterations=DEFAUL
         index = torch.nonzero(network.inexact_mask(node, out[node.name]).reshape(B, -1)
                               .any(dim=0)).reshape(-1)
         rows = 2 * len(index)
-        per_row = sum(math.prod(r.shape) for r in before)
+        for r in before:
+            if r.name not in per_neuron_rows:
+                per_neuron_rows[r.name] = r.alpha_init([out.get(i) for i in r.inputs])[0].numel()
+        per_row = sum(per_neuron_rows[r.name] for r in before)
         if not before or rows == 0 or B * rows * per_row > max_alpha_elements:
             continue
-        out[node.name] = _tighten(network, node, before, index, lower, upper, out, iterations, lr)
+        if stop is not None and stop():
+            break
+        out[node.name] = _tighten(network, node, before, index, lower, upper, out, iterations, lr,
+                                  stop)
     return out
 
 
-def _tighten(network, node, before, index, lower, upper, known, iterations, lr):
+def _tighten(network, node, before, index, lower, upper, known, iterations, lr, stop=None):
     """known[node] intersected with alpha-CROWN bounds of its neurons `index`."""
     lo, hi = known[node.name]
     B, n, k = lo.shape[0], math.prod(node.shape), len(index)
@@ -75,7 +83,7 @@ def _tighten(network, node, before, index, lower, upper, known, iterations, lr):
         return network.backward(node, A, lower, upper, known, alphas, lower_only=True)[0]
 
     try:
-        best = maximise(objective, [alpha_group(network, alphas, lr)], iterations)
+        best = maximise(objective, [alpha_group(network, alphas, lr)], iterations, stop=stop)
     finally:
         ledger.set("alpha", 0)
     new_lo, new_hi = lo.reshape(B, n).clone(), hi.reshape(B, n).clone()

@@ -67,6 +67,7 @@ class Network:
         # -> spec rows of the final pass. Zone nodes (tp) count this rank's neurons.
         self.crown_rows: dict[str, int] = {}
         self.bounded_rows: dict[str, int] = {}  # rows each pass started with (memory model)
+        self.budget = None              # verify: a time budget checked per CROWN-bounded node
         self.relaxed_consumers: dict[str, list[Op]] = {n.name: [] for n in self.nodes}
         for n in self.nodes:
             if n.relaxed:
@@ -151,6 +152,8 @@ class Network:
                 held.add(refined[n.name])
             if how is None:
                 continue
+            if how == "crown" and self.budget is not None:
+                self.budget.check()         # raises BudgetExhausted, alike on every rank
             base = ibp[n.name]
             if prior is not None and n.name in prior:
                 base = _intersect(base, prior[n.name])

@@ -56,12 +56,18 @@ def alpha_bytes(alphas: dict[str, torch.Tensor]) -> int:
 
 
 def maximise(objective: Callable[[bool], torch.Tensor], groups: list[ParamGroup],
-             iterations: int, start: torch.Tensor | None = None, saved=None) -> torch.Tensor:
+             iterations: int, start: torch.Tensor | None = None, saved=None,
+             stop: Callable[[], bool] | None = None) -> torch.Tensor:
     """The best value per element of `objective` over `iterations` + 1 evaluations: the
     starting parameters, then after each projected Adam step. `objective(last)` computes the
     value (differentiable unless `last`: the final evaluation takes no gradient); `start`, a
     value already known to hold (CROWN's), is a floor for the result. `saved`, a
-    SavedTensorCounter, has the autograd-saved tensors counted in the ledger."""
+    SavedTensorCounter, has the autograd-saved tensors counted in the ledger.
+
+    `stop()` (a time budget: runtime/verification/budget.py) is asked before each step; when
+    it says so the loop ends with the best value so far, which is as sound as any (every
+    feasible parameter gives a valid bound). In a sharded run it must answer alike on every
+    rank (the budget's answer is a collective)."""
     params = [g for g in groups if g.tensors]
     opt = torch.optim.Adam([{"params": g.tensors, "lr": g.lr} for g in params], foreach=False) \
         if params else None
@@ -80,7 +86,7 @@ def maximise(objective: Callable[[bool], torch.Tensor], groups: list[ParamGroup]
         if saved is not None:
             saved.clear()
         best = value.detach() if best is None else torch.maximum(best, value.detach())
-        if last or opt is None:
+        if last or opt is None or (stop is not None and stop()):
             break
         opt.step()
         with torch.no_grad():

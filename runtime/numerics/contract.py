@@ -61,18 +61,26 @@ class _OrderedMatmul(torch.autograd.Function):
 
 
 class _OrderedDot(torch.autograd.Function):
-    """sum(a * b, -1) in a fixed order; b (bounds, biases) never needs a gradient."""
+    """sum(a * b, -1) in a fixed order. Either side may need a gradient: a (A-matrices) in
+    alpha-CROWN, b too when it is a relaxation's intercept that depends on alpha (smooth
+    ops). A broadcast b's gradient is summed over the broadcast dims by torch; the engine's
+    intercepts that need gradients carry every row, so nothing is summed across rows."""
 
     @staticmethod
     def forward(ctx, a, b, order):
-        ctx.save_for_backward(b)
-        ctx.a_shape = a.shape
+        ctx.save_for_backward(b, a if ctx.needs_input_grad[1] else None)
+        ctx.a_shape, ctx.b_shape = a.shape, b.shape
         return _kernels().dot_last(a.contiguous(), b.contiguous(), order)
 
     @staticmethod
     def backward(ctx, grad):
-        (b,) = ctx.saved_tensors
-        return (grad.unsqueeze(-1) * b).expand(ctx.a_shape), None, None
+        b, a = ctx.saved_tensors
+        ga = gb = None
+        if ctx.needs_input_grad[0]:
+            ga = (grad.unsqueeze(-1) * b).expand(ctx.a_shape)
+        if ctx.needs_input_grad[1]:
+            gb = (grad.unsqueeze(-1) * a).sum_to_size(ctx.b_shape)
+        return ga, gb, None
 
 
 def prepare(w_t: torch.Tensor, order: str, w: torch.Tensor | None = None):
@@ -110,7 +118,7 @@ def dot_last(a: torch.Tensor, b: torch.Tensor, order: str) -> torch.Tensor:
     _check(order)
     if a.numel() == 0 or b.numel() == 0:
         return (a * b).sum(dim=-1)          # empty: nothing to order
-    if a.requires_grad:
+    if a.requires_grad or b.requires_grad:
         return _OrderedDot.apply(a, b, order)
     return _kernels().dot_last(a.contiguous(), b.contiguous(), order)
 

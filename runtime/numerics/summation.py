@@ -53,11 +53,11 @@ from __future__ import annotations
 
 import torch
 
-from . import blocked_gemm, blocked_grid
+from . import blocked_gemm, blocked_grid, nonfinite
 from .blocked_gemm import MIN_COLS, MIN_ROWS, pad_rows
 from .blocktree import (BLOCK, _block_range, combine_subtotals, shard_k_ranges, subtree_totals,
                         tree_nodes, tree_reduce)
-from .ozaki import (_rows, check_finite, exact_dot_last, exact_exponents, exact_finalize,
+from .ozaki import (_rows, exact_dot_last, exact_exponents, exact_finalize,
                     exact_matmul, exact_partials, round_sum_f32, slice_width)
 
 __all__ = [
@@ -130,16 +130,13 @@ def _tree_product(x2: torch.Tensor, pw: PreparedWeight) -> torch.Tensor:
     exact-per-block kernel."""
     x2, N = x2.contiguous(), pw.shape[0]
     if not blocked_gemm.available(x2):
-        return blocked_grid.tree_product(x2, pw.w_t.contiguous(), N).add_(0.0)
+        return nonfinite.matmul(lambda a, w: blocked_grid.tree_product(a, w, N).add_(0.0),
+                                x2, pw.w_t[:N].contiguous())
     out, finite = blocked_gemm.tree_product(x2, pw.padded(), N)
-    if not finite:
-        # An inf or nan operand element makes its whole output row (column)
-        # non-finite (inf*0 is nan; an FMA chain or tree never makes a non-finite
-        # value finite again), so finite output proves finite operands and the
-        # operands need no pass of their own.  Non-finite output from finite
-        # operands is float32 overflow and is returned as is.
-        check_finite(x2, "x")
-        check_finite(pw.w_t, "w_t")
+    # An inf or nan operand element makes its whole output row (column) non-finite
+    # (inf*0 is nan; an FMA chain or tree never makes a non-finite value finite again),
+    # with IEEE's inf/nan, whatever the order: returned as is, like float32 overflow
+    # from finite operands (see nonfinite.py).
     return out
 
 
@@ -240,8 +237,10 @@ def matmul(x: torch.Tensor, w_t, order: str = "blocked") -> torch.Tensor:
         return blocked_matmul(x, w_t)
     if order == "exact":
         if isinstance(w_t, PreparedWeight):
-            return exact_matmul(x, w_t.w_t, w_cache=w_t.exact_cache)
-        return exact_matmul(x, w_t)
+            cache = w_t.exact_cache
+            return nonfinite.matmul(lambda a, w: exact_matmul(
+                a, w, w_cache=cache if w is w_t.w_t else None), x, w_t.w_t)
+        return nonfinite.matmul(exact_matmul, x, w_t)
     raise ValueError(f"unknown summation order {order!r}; expected one of {ORDERS}")
 
 
@@ -256,7 +255,7 @@ def dot_last(a: torch.Tensor, b: torch.Tensor, order: str = "blocked") -> torch.
     if order == "fast":
         return (a * b).sum(-1)
     if order == "exact":
-        return exact_dot_last(a, b)
+        return nonfinite.dot_last(exact_dot_last, a, b)
     if order != "blocked":
         raise ValueError(f"unknown summation order {order!r}; expected one of {ORDERS}")
     if a.dtype != torch.float32 or b.dtype != torch.float32:

@@ -4,18 +4,30 @@ system reads (runtime/ops/base.py) and, when nonlinear, its relaxation
 
 Families (each with a lowering module of the same name under compiler/lowering/): linear,
 conv, pooling, activation, arithmetic, layout. `OP_TYPES` maps IR op kinds to classes; the
-generated program names classes as `ops.<Class>`.
+generated program names classes as `ops.<Class>`, which resolves any registered kernel
+(the module `__getattr__` below): a new op needs no line here.
 
 May import: torch, `runtime.numerics`, `runtime.errors`. Nothing above them.
 """
 
 from shardbound.runtime.ops.base import OP_TYPES, Bounds, NodeFacts, Op, register_op
 from shardbound.runtime.ops.relaxation import ElementwiseRelaxation, Lines
-from shardbound.runtime.ops.layout import Input, Reshape, Transpose
+from shardbound.runtime.ops.layout import Input, Pad, Reshape, Transpose
 from shardbound.runtime.ops.linear import Linear
 from shardbound.runtime.ops.conv import Conv2d
 from shardbound.runtime.ops.arithmetic import Add, Affine
 from shardbound.runtime.ops.activation import Relu
+from shardbound.runtime.ops.smooth import Sigmoid, Tanh
+from shardbound.runtime.ops.pooling import MaxPool2d
 
 __all__ = ["OP_TYPES", "Bounds", "NodeFacts", "Op", "register_op", "ElementwiseRelaxation",
-           "Lines", "Input", "Reshape", "Transpose", "Linear", "Conv2d", "Add", "Affine", "Relu"]
+           "Lines", "Input", "Pad", "Reshape", "Transpose", "Linear", "Conv2d", "Add", "Affine",
+           "Relu", "Sigmoid", "Tanh", "MaxPool2d"]
+
+
+def __getattr__(name: str):
+    """`ops.<Class>` for every registered kernel (the generated program's spelling)."""
+    for cls in OP_TYPES.values():
+        if cls.__name__ == name:
+            return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -98,7 +98,7 @@ class Conv2d(Op):
         Ho, Wo = self._out_hw(x_padded, w)
         cols = F.unfold(x_padded, (kh, kw), dilation=self.dilations, stride=self.strides)
         cols = cols.transpose(1, 2).contiguous()                        # (B, L, C*kh*kw)
-        y = self._group_matmul(cols, w.reshape(Cout, -1), w.shape[1] * kh * kw)
+        y = self._group_matmul(cols, w.reshape(Cout, w.shape[1] * kh * kw), w.shape[1] * kh * kw)
         y = y.transpose(1, 2).reshape(x_padded.shape[0], Cout, Ho, Wo)
         return y + b.reshape(1, -1, 1, 1) if b is not None else y.contiguous()
 

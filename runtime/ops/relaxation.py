@@ -27,6 +27,7 @@ whatever its bounds): CROWN spends its rows only on those.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -161,7 +162,8 @@ class ElementwiseRelaxation(Op):
             coef = values - pos if coef is None else coef
             if self.order == "fast":
                 g = icpt[1]
-                term = self._dot(coef.reshape(B, S, -1), g.reshape(g.shape[0], S, -1))
+                n = math.prod(g.shape[2:])      # explicit sizes: a window may hold no neurons
+                term = self._dot(coef.reshape(B, S, n), g.reshape(g.shape[0], S, n))
             else:
                 term = A.with_values(coef).dense_map(
                     lambda rows: self._bias_dot(rows, icpt[0], B, rows.shape[1]))
@@ -177,7 +179,7 @@ class ElementwiseRelaxation(Op):
         return A.with_values(A_in.add_(pos)), bias
 
     def _bias_dot(self, coef, icpt, B, S):
-        flat = icpt.reshape(icpt.shape[0], icpt.shape[1], -1)
+        flat = icpt.reshape(icpt.shape[0], icpt.shape[1], math.prod(icpt.shape[2:]))
         return self._dot(coef.reshape(B, S, flat.shape[-1]), flat)
 
 

@@ -98,7 +98,7 @@ class Comm:
         _maybe_inject_fault(self.rank, self.step)
         if self._store is not None:
             try:
-                self._store.set(f"shardbound/progress/{self.rank}", str(self.step))
+                self._store.set(progress_key(self.rank), str(self.step))
             except Exception:
                 pass
         self._what = what
@@ -110,8 +110,8 @@ class Comm:
                 if r == self.rank:
                     continue
                 try:
-                    self._store.wait([f"shardbound/progress/{r}"], datetime.timedelta(seconds=1))
-                    step = int(self._store.get(f"shardbound/progress/{r}"))
+                    self._store.wait([progress_key(r)], datetime.timedelta(seconds=1))
+                    step = int(self._store.get(progress_key(r)))
                 except Exception:
                     step = -1
                 if step < self.step:
@@ -207,12 +207,23 @@ def _maybe_inject_fault(rank: int, step: int) -> None:
 
 
 def _default_store():
+    """The job's rendezvous store itself (not torch's prefixed view of it), so that progress
+    keys have the plain names the launcher reads (see `progress_key`)."""
     try:
+        from torch.distributed import PrefixStore
         from torch.distributed.distributed_c10d import _get_default_store
 
-        return _get_default_store()
+        store = _get_default_store()
+        while isinstance(store, PrefixStore) and hasattr(store, "underlying_store"):
+            store = store.underlying_store
+        return store
     except Exception:
         return None
+
+
+def progress_key(rank: int) -> str:
+    """The store key where a rank counts the collectives it has entered."""
+    return f"shardbound/progress/{rank}"
 
 
 def _first_line(e: Exception) -> str:

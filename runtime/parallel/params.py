@@ -50,6 +50,8 @@ class ShardedParam:
             rows = sl[r0:r1] if self.shape else sl[:]
             flat = rows.reshape(-1)[start - r0 * row: stop - r0 * row]
             shard[: stop - start] = flat.to(torch.float32)
+        if not bool(torch.isfinite(shard).all()):
+            raise ShardboundError(f"tensor {key!r} holds inf or nan values; recompile the model")
         self.shard = shard.to(comm.device)
         ledger.add("resident_param", self.shard.numel() * 4)
 
@@ -127,10 +129,18 @@ def open_params(path: str, mode: str, comm, ledger,
             if mode == "fsdp":
                 return {k: ShardedParam(f, k, comm, ledger, chunk_bytes) for k in f.keys()}
             params = {k: f.get_tensor(k).to(comm.device) for k in f.keys()}
+        for k, t in params.items():
+            if t.dtype != torch.float32:
+                raise ShardboundError(f"{path}: tensor {k!r} is {t.dtype}, not float32; "
+                                      "recompile the model")
+            if not bool(torch.isfinite(t).all()):
+                raise ShardboundError(f"{path}: tensor {k!r} holds inf or nan values; "
+                                      "recompile the model")
     except FileNotFoundError:
         raise ShardboundError(f"{path}: missing; recompile the model") from None
-    except ShardboundError:
-        raise
+    except ShardboundError as e:
+        text = str(e)
+        raise ShardboundError(text if text.startswith(path) else f"{path}: {text}") from None
     except Exception as e:
         raise ShardboundError(f"{path}: unreadable weights ({type(e).__name__}); recompile") from None
     ledger.add("resident_param", sum(t.numel() * t.element_size() for t in params.values()))

@@ -63,7 +63,7 @@ class Reduction:
 
     def dot(self, a, b, X: int = 1) -> torch.Tensor:
         """Full `sum(a * b, -1)` from this rank's slices (b broadcast against a)."""
-        if a.requires_grad:
+        if a.requires_grad or b.requires_grad:
             return _ReducedDot.apply(a, b, self, X)
         return self.reduce_dot(a, b, X)
 
@@ -249,16 +249,24 @@ class _ColumnMatmul(torch.autograd.Function):
 
 
 class _ReducedDot(torch.autograd.Function):
+    """The gradient of a sum over ranks w.r.t. this rank's slices of a and b is local; b
+    needs one when it is an intercept that depends on alpha (see contract._OrderedDot)."""
+
     @staticmethod
     def forward(ctx, a, b, red, X):
-        ctx.save_for_backward(b)
-        ctx.a_shape = a.shape
-        return red.reduce_dot(a.detach(), b, X)
+        ctx.save_for_backward(b, a if ctx.needs_input_grad[1] else None)
+        ctx.a_shape, ctx.b_shape = a.shape, b.shape
+        return red.reduce_dot(a.detach(), b.detach(), X)
 
     @staticmethod
     def backward(ctx, grad):
-        (b,) = ctx.saved_tensors
-        return (grad.unsqueeze(-1) * b).expand(ctx.a_shape), None, None, None
+        b, a = ctx.saved_tensors
+        ga = gb = None
+        if ctx.needs_input_grad[0]:
+            ga = (grad.unsqueeze(-1) * b).expand(ctx.a_shape)
+        if ctx.needs_input_grad[1]:
+            gb = (grad.unsqueeze(-1) * a).sum_to_size(ctx.b_shape)
+        return ga, gb, None, None
 
 
 class _LocalOfReplicated(torch.autograd.Function):

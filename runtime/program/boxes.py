@@ -9,7 +9,25 @@ import torch
 
 from shardbound.runtime.errors import ShardboundError
 
+MAX_NESTING = 16        # list depth of a box field: (B, C, H, W) needs 4
 
+
+def number_problem(value) -> str | None:
+    """What keeps `value` from being a number or (nested) lists of numbers, or None. JSON
+    true/false are not numbers (torch read them as 1 and 0), and nesting is bounded (a
+    1,000-deep list overflowed the stack). Iterative, so any input gets an answer."""
+    stack = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, list):
+            if depth >= MAX_NESTING:
+                return f"is nested more than {MAX_NESTING} lists deep; give a flat list"
+            stack.extend((x, depth + 1) for x in v)
+        elif isinstance(v, bool) or not isinstance(v, (int, float)):
+            shown = json.dumps(v)[:30] if isinstance(v, (str, bool, type(None))) else \
+                type(v).__name__
+            return f"holds {shown}, which is not a number; give numbers only"
+    return None
 
 
 def as_boxes(lower, upper, input_shape, where: str = "box") -> tuple[torch.Tensor, torch.Tensor, bool]:
@@ -22,6 +40,9 @@ def as_boxes(lower, upper, input_shape, where: str = "box") -> tuple[torch.Tenso
     out = []
     single = False
     for field, value in (("lower", lower), ("upper", upper)):
+        problem = number_problem(value) if isinstance(value, list) else None
+        if problem:
+            raise ShardboundError(f"{where}: {field!r} {problem}")
         try:
             t = torch.as_tensor(value, dtype=torch.float32)
         except (TypeError, ValueError, RuntimeError):
@@ -59,8 +80,12 @@ def read_box_file(path: str) -> tuple[list, list]:
         raise ShardboundError(f"{path}: no such box file") from None
     except IsADirectoryError:
         raise ShardboundError(f"{path}: is a directory, not a box file") from None
+    except RecursionError:
+        raise ShardboundError(f"{path}: nested too deeply; a box file is "
+                              '{"lower": [...], "upper": [...]}') from None
     except (OSError, ValueError) as e:
-        raise ShardboundError(f"{path}: not valid JSON ({e})") from None
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise ShardboundError(f"{path}: not valid JSON ({first})") from None
     if not isinstance(data, dict) or "lower" not in data or "upper" not in data:
         raise ShardboundError(f'{path}: expected an object {{"lower": [...], "upper": [...]}}')
     return data["lower"], data["upper"]

@@ -16,6 +16,8 @@ import os
 import torch
 
 from shardbound.runtime.program.boxes import as_boxes
+from shardbound.runtime.program.plan_check import (check_nodes, check_plan, check_program,
+                                                   check_weights)
 from shardbound.runtime.parallel.dist import SingleComm
 from shardbound.runtime.errors import ShardboundError
 from shardbound.runtime.accounting.ledger import MemoryLedger
@@ -60,10 +62,20 @@ class Verifier:
         dev = self.network.device
         with torch.no_grad():
             lb, ub = self.network.bounds(lo.to(dev), hi.to(dev), C=C, method=method or self.method)
-        lb, ub = lb.cpu(), ub.cpu()
+        lb, ub = finite_bounds(lb.cpu(), ub.cpu())
         if single:
             return lb[0], ub[0]
         return lb, ub
+
+
+def finite_bounds(lb: torch.Tensor, ub: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bounds with nan replaced by the bound that always holds (-inf below, +inf above).
+
+    Huge boxes or weights overflow float32 on the way (inf - inf is nan); a nan bound
+    claims nothing, and printing it reads like a bug. Infinite bounds are sound and say
+    what happened."""
+    return (torch.nan_to_num(lb, nan=-math.inf, posinf=math.inf, neginf=-math.inf),
+            torch.nan_to_num(ub, nan=math.inf, posinf=math.inf, neginf=-math.inf))
 
 
 def read_plan(directory: str) -> dict:
@@ -78,15 +90,24 @@ def read_plan(directory: str) -> dict:
     except FileNotFoundError:
         raise ShardboundError(f"{directory}: not a compiled program (no plan.json); run "
                               "`compile MODEL.onnx -o DIR` first") from None
+    except RecursionError:
+        raise ShardboundError(f"{path}: nested too deeply to be a plan; recompile the "
+                              "model") from None
     except (OSError, ValueError) as e:
-        raise ShardboundError(f"{path}: not valid JSON ({e})") from None
+        raise ShardboundError(f"{path}: not valid JSON ({one_line_reason(e)})") from None
     if not isinstance(plan, dict):
         raise ShardboundError(f"{path}: not a shardbound plan (expected a JSON object); "
                               "recompile the model")
     if plan.get("format") != PLAN_FORMAT:
-        raise ShardboundError(f"{path}: unknown plan format {plan.get('format')!r}; recompile "
-                              "the model with this version of shardbound")
+        raise ShardboundError(f"{path}: unknown plan format {str(plan.get('format'))[:40]!r}; "
+                              "recompile the model with this version of shardbound")
+    check_plan(plan, path)
     return plan
+
+
+def one_line_reason(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else type(e).__name__
 
 
 def stream_chunk_bytes(plan: dict) -> int:
@@ -121,9 +142,12 @@ def load(directory: str, summation: str | None = None, comm=None) -> Verifier:
     (default: one process); in fsdp mode each rank then reads only its parameter slices."""
     plan = read_plan(directory)
     module = import_program(directory)
+    check_program(plan, module, directory)
     comm = comm or SingleComm()
     ledger = MemoryLedger()
     weights = os.path.join(directory, "weights.safetensors")
+    # single/fsdp ranks check the values they load (open_params); tp ranks read slices.
+    check_weights(plan, weights, scan_values=plan["mode"] == "tp")
     try:
         if plan["mode"] == "tp":        # each rank reads only its slices of zone weights
             from shardbound.runtime.parallel.tp import build_network
@@ -136,6 +160,7 @@ def load(directory: str, summation: str | None = None, comm=None) -> Verifier:
         raise ShardboundError(f"{os.path.join(directory, 'weights.safetensors')}: tensor "
                               f"{e.args[0]!r} that program.py needs is missing; recompile "
                               "the model") from None
+    check_nodes(plan, network, directory)
     network.ledger = ledger
     network.comm = comm
     network.device = comm.device

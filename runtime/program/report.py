@@ -28,9 +28,35 @@ def format_table(lower: torch.Tensor, upper: torch.Tensor) -> str:
 
 
 def write_output(path: str, text: str) -> None:
-    """Write a result file; a failure is a user error naming the file."""
+    """Write a result file whole or not at all (a temporary file in the same folder, then
+    renamed over it: a process stopped while writing never leaves half a result); a failure
+    is a user error naming the file."""
+    import os
+    import stat
+
     try:
-        with open(path, "w", encoding="utf-8") as f:
+        special = not stat.S_ISREG(os.stat(path).st_mode) and not os.path.isdir(path)
+    except OSError:
+        special = False
+    if special:             # /dev/stdout, a pipe: write straight through
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+            return
+        except OSError as e:
+            raise ShardboundError(f"{path}: cannot write the result ({e.strerror})") from None
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
+        os.replace(tmp, path)
     except OSError as e:
-        raise ShardboundError(f"{path}: cannot write the result ({e.strerror})") from None
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        why = e.strerror or type(e).__name__
+        if os.path.isdir(path):
+            why = "it is a directory"
+        raise ShardboundError(f"{path}: cannot write the result ({why}); choose a writable "
+                              "file") from None

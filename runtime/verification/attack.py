@@ -13,10 +13,13 @@ import torch
 
 
 def pgd(forward, lo: torch.Tensor, hi: torch.Tensor, C: torch.Tensor, d: np.ndarray,
-        owner: np.ndarray, restarts: int = 8, steps: int = 60, seed: int = 0) -> torch.Tensor | None:
+        owner: np.ndarray, restarts: int = 8, steps: int = 60, seed: int = 0,
+        stop=None) -> torch.Tensor | None:
     """A point x in [lo, hi] (flattened) with all rows of some conjunction satisfied, or None.
 
     forward: (N, n) -> (N, m) flattened outputs. C (R, m), d (R,), owner (R,) conjunction index.
+    stop() (a time budget, the same answer on every rank) is asked before each step: the
+    search then ends with None unless the points evaluated so far hold a hit.
     """
     groups = [np.nonzero(owner == j)[0] for j in range(int(owner.max()) + 1)] if len(owner) else []
     if not groups:
@@ -40,7 +43,7 @@ def pgd(forward, lo: torch.Tensor, hi: torch.Tensor, C: torch.Tensor, d: np.ndar
         hit = (worst <= 0).nonzero()
         if len(hit):
             return x[int(hit[0])].detach()
-        if it == steps:
+        if it == steps or (stop is not None and stop()):
             break
         (grad,) = torch.autograd.grad(worst.sum(), x)
         with torch.no_grad():

@@ -138,7 +138,7 @@ def _candidates(key, los, his, root_width):
 
 def input_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violation,
                 batch: int = 512, progress=None, attack=None, attack_domains: int = 4,
-                root_prior=None) -> BabResult:
+                root_prior=None, stop=None) -> BabResult:
     """Prove or refute {x in [lo, hi]: some conjunction of C f(x) <= d} by input splitting.
 
     agree(flag) -> bool: the flag OR-ed over ranks (so every rank stops together).
@@ -148,7 +148,11 @@ def input_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violati
     attacks far more effective than on the whole box).
     `batch` is about the number of boxes bounded per step (children of all candidate splits).
     root_prior: intermediate bounds known on the whole box (every domain inherits them).
+    stop() -> bool: the time budget, agreed over ranks (default: `deadline`, agreed with
+    `agree`), asked before each round.
     """
+    if stop is None:
+        stop = lambda: agree(time.monotonic() > deadline)          # noqa: E731
     bound = DomainBounds(network, C, d, owner, root_prior=root_prior)
     los, his = lo.reshape(1, -1).clone(), hi.reshape(1, -1).clone()
     n = los.shape[1]
@@ -163,7 +167,7 @@ def input_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violati
     verified, unresolved = 0.0, 0
     start = time.monotonic()
     while len(los):
-        if agree(time.monotonic() > deadline):
+        if stop():
             return BabResult("timeout", domains=bound.bounded, verified_fraction=verified)
         if agree(len(los) > max_domains):    # max_domains is per rank in tp
             return BabResult("unknown", domains=bound.bounded, verified_fraction=verified,

@@ -83,7 +83,7 @@ def _flat_bounds(bounds, names, b) -> torch.Tensor:
                        dim=1).cpu()
 
 
-def _optimise(network, ibp, known, lo, hi, C, splits, lb, which, iterations):
+def _optimise(network, ibp, known, lo, hi, C, splits, lb, which, iterations, stop=None):
     """(lb with the rows of the domains in `which` raised by beta-CROWN, their indices, their
     input A-matrices from beta-CROWN or None)."""
     idx = torch.nonzero(which).reshape(-1)
@@ -93,7 +93,7 @@ def _optimise(network, ibp, known, lo, hi, C, splits, lb, which, iterations):
     with torch.no_grad():
         better, lA = beta_crown(network, sub(ibp), sub(known), pick(lo), pick(hi), C,
                                 {k: pick(v) for k, v in splits.items()},
-                                lb.index_select(0, idx).to(lo.device), iterations)
+                                lb.index_select(0, idx).to(lo.device), iterations, stop=stop)
     out = lb.clone()
     out[idx] = torch.maximum(out[idx], better.cpu())
     return out, idx, (None if lA is None else lA.cpu())
@@ -101,12 +101,16 @@ def _optimise(network, ibp, known, lo, hi, C, splits, lb, which, iterations):
 
 def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violation,
                batch: int = 32, progress=None, iterations: int = DEFAULT_ITERATIONS,
-               root_prior=None) -> ReluBabResult:
+               root_prior=None, stop=None) -> ReluBabResult:
     """Prove or refute {x in [lo, hi]: some conjunction of C f(x) <= d} by ReLU splitting.
 
     agree(flag) -> bool: the flag OR-ed over ranks. is_violation(x (N, n)) -> index of a
     confirmed counterexample row, or None. root_prior: intermediate bounds known on the box
-    (keyed like `Network.intermediate_bounds`' planned bounds), inherited by every domain."""
+    (keyed like `Network.intermediate_bounds`' planned bounds), inherited by every domain.
+    stop() -> bool: the time budget, agreed over ranks (default: `deadline`, agreed with
+    `agree`), asked before each round and inside beta-CROWN's optimisation."""
+    if stop is None:
+        stop = lambda: agree(time.monotonic() > deadline)          # noqa: E731
     relus = split_ops(network)
     if not relus:
         return ReluBabResult("unknown", reason="no splittable op (ReLU or another kink) to split")
@@ -129,7 +133,7 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
     bounded, verified, unresolved = 0, 0.0, 0
     start = time.monotonic()
     while len(stack):
-        if agree(time.monotonic() > deadline):
+        if stop():
             return ReluBabResult("timeout", domains=bounded, verified_fraction=verified)
         if len(stack) > MAX_DOMAINS:
             return ReluBabResult("unknown", domains=bounded, verified_fraction=verified,
@@ -164,7 +168,7 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         lA = grab["lA"].cpu().reshape(take, C.shape[0], -1)
         if iterations > 0 and bool((~(refuted.all(dim=1) | empty)).any()):
             lb, idx, beta_lA = _optimise(network, ibp, known, blo, bhi, Cd, splits, lb,
-                                         ~(refuted.all(dim=1) | empty), iterations)
+                                         ~(refuted.all(dim=1) | empty), iterations, stop)
             refuted = refuted_conjunctions(lb, d, owner, n_conj)
             if beta_lA is not None:
                 lA = lA.clone()

@@ -9,6 +9,7 @@ every conjunction: for each, some row with C_i f(x) > d_i for all x in the box.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,19 +71,79 @@ def spec_from_property(prop) -> Spec:
 
 
 def read_spec(path: str) -> Spec:
+    """A spec file (written by `shardbound verify`, or by hand for `program.py --verify`);
+    every malformed part is a one-line error naming the field."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
+    except RecursionError:
+        raise ShardboundError(f"{path}: nested too deeply to be a spec file") from None
     except (OSError, ValueError) as e:
-        raise ShardboundError(f"{path}: cannot read the spec ({e})") from None
-    if data.get("format") != SPEC_FORMAT:
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise ShardboundError(f"{path}: cannot read the spec ({first})") from None
+    if not isinstance(data, dict) or data.get("format") != SPEC_FORMAT:
         raise ShardboundError(f"{path}: not a shardbound spec file")
-    cases = tuple(SpecCase(np.asarray(c["lower"], np.float64), np.asarray(c["upper"], np.float64),
-                           tuple(Conjunction(np.asarray(k["C"], np.float64).reshape(-1, data["num_outputs"]),
-                                             np.asarray(k["d"], np.float64))
-                                 for k in c["conjunctions"]))
-                  for c in data["cases"])
-    return Spec(data["source"], data["num_inputs"], data["num_outputs"], cases)
+
+    def bad(field, what):
+        return ShardboundError(f"{path}: field {field!r} {what}; write the spec with "
+                               "`shardbound verify` (or see runtime/verification/spec.py)")
+
+    counts = {}
+    for field in ("num_inputs", "num_outputs"):
+        v = data.get(field)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise bad(field, "must be a positive integer")
+        counts[field] = v
+    n_in, n_out = counts["num_inputs"], counts["num_outputs"]
+    source = data.get("source", os.path.basename(path))
+    if not isinstance(source, str):
+        raise bad("source", "must be a string")
+    raw = data.get("cases")
+    if not isinstance(raw, list) or not raw:
+        raise bad("cases", "must be a non-empty list")
+    cases = []
+    for i, c in enumerate(raw):
+        if not isinstance(c, dict):
+            raise bad(f"cases[{i}]", "must be an object")
+        lo = _vector(c.get("lower"), n_in, lambda w: bad(f"cases[{i}].lower", w))
+        hi = _vector(c.get("upper"), n_in, lambda w: bad(f"cases[{i}].upper", w))
+        if not (np.isfinite(lo).all() and np.isfinite(hi).all()) or (lo > hi).any():
+            raise bad(f"cases[{i}]", "must have finite bounds with lower <= upper")
+        conj = c.get("conjunctions")
+        if not isinstance(conj, list):
+            raise bad(f"cases[{i}].conjunctions", "must be a list")
+        ks = []
+        for j, k in enumerate(conj):
+            where = f"cases[{i}].conjunctions[{j}]"
+            if not isinstance(k, dict):
+                raise bad(where, "must be an object with 'C' and 'd'")
+            d = _vector(k.get("d"), None, lambda w: bad(f"{where}.d", w))
+            C = _vector(k.get("C"), None, lambda w: bad(f"{where}.C", w))
+            if C.size != len(d) * n_out:
+                raise bad(f"{where}.C", f"must hold {len(d)} rows of {n_out} numbers")
+            ks.append(Conjunction(C.reshape(len(d), n_out), d))
+        cases.append(SpecCase(lo, hi, tuple(ks)))
+    return Spec(source, n_in, n_out, tuple(cases))
+
+
+def _vector(value, n, bad) -> np.ndarray:
+    """A float64 array from a (nested) JSON list of numbers; `n` elements if given."""
+    from shardbound.runtime.program.boxes import number_problem
+
+    if not isinstance(value, list):
+        raise bad("must be a list of numbers")
+    problem = number_problem(value)
+    if problem:
+        raise bad(problem)
+    try:
+        arr = np.asarray(value, dtype=np.float64).reshape(-1)
+    except ValueError:
+        raise bad("must be a regular list of numbers") from None
+    if n is not None and arr.size != n:
+        raise bad(f"must hold {n} numbers, not {arr.size}")
+    if not np.isfinite(arr).all():
+        raise bad("must hold finite numbers")
+    return arr
 
 
 def outward_box(lower: np.ndarray, upper: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:

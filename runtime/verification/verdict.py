@@ -6,6 +6,10 @@ that every branch-and-bound domain then inherits; (4) branch and bound by input 
 when the input is small enough, else a stronger attack and branch and bound by ReLU splitting with beta-CROWN bounds.
 The property is sat as soon as one case has a counterexample that a plain forward pass
 confirms, and unsat when every case is proved. Results follow VNN-COMP.
+
+One time budget (`budget.Budget`) covers every stage: each asks it at its own steps (PGD
+steps, optimiser iterations, CROWN-bounded nodes, branch-and-bound rounds), and a spent
+budget ends the run with `timeout`, on every rank at the same point.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ import numpy as np
 import torch
 
 from shardbound.runtime.engine import alpha as alpha_mod
+from shardbound.runtime.errors import ShardboundError
 from shardbound.runtime.verification.attack import pgd
+from shardbound.runtime.verification.budget import Budget, BudgetExhausted
 from shardbound.runtime.verification.input_split import input_split, refuted_conjunctions
 from shardbound.runtime.engine.intermediate_alpha import optimise_intermediate_bounds
 from shardbound.runtime.verification.relu_split import relu_split
@@ -68,10 +74,11 @@ class Progress:
 
 
 class _CaseRunner:
-    def __init__(self, verifier, case: SpecCase, deadline: float, comm, progress, log):
+    def __init__(self, verifier, case: SpecCase, budget: Budget, comm, progress, log):
         self.net = verifier.network
         self.case = case
-        self.deadline = deadline
+        self.budget = budget
+        self.deadline = budget.deadline if budget.deadline is not None else float("inf")
         self.comm = comm
         self.progress = progress
         self.log = log
@@ -86,8 +93,13 @@ class _CaseRunner:
         return self.net.forward(x).reshape(x.shape[0], -1).cpu()
 
     def confirm(self, x) -> tuple[np.ndarray, np.ndarray] | None:
-        """A plain forward pass at a point inside the real (float64) box."""
+        """A plain forward pass at a float32 point inside the real (float64) box: the point
+        evaluated is the point reported. A box too narrow to hold a float32 value in some
+        input (l == u not representable) has no such point: nothing is confirmed there."""
         x = inside_box(x.reshape(-1), self.case.lower, self.case.upper)
+        xd = x.double().numpy()
+        if not bool(np.all((xd >= self.case.lower) & (xd <= self.case.upper))):
+            return None
         with torch.no_grad():
             y = self.forward_flat(x.reshape(1, -1))[0]
         if violated_conjunctions(y, self.case):
@@ -104,7 +116,8 @@ class _CaseRunner:
 
     def domain_attack(self, lo, hi):
         """A short attack inside one branch-and-bound domain."""
-        return pgd(self.forward_flat, lo, hi, self.C, self.d, self.owner, restarts=2, steps=15)
+        return pgd(self.forward_flat, lo, hi, self.C, self.d, self.owner, restarts=2, steps=15,
+                   stop=self.budget)
 
     def agree(self, flag: bool) -> bool:
         return bool(self.comm.all_reduce_max(torch.tensor([float(flag)]))[0] > 0)
@@ -121,10 +134,13 @@ class _CaseRunner:
         dev = self.net.device
         lo, hi = self.lo.reshape(shape).to(dev), self.hi.reshape(shape).to(dev)
         C_dev = self.C.to(dev)
-        x = pgd(self.forward_flat, self.lo, self.hi, self.C, self.d, self.owner)
+        budget = self.budget
+        budget.check()
+        x = pgd(self.forward_flat, self.lo, self.hi, self.C, self.d, self.owner, stop=budget)
         if x is not None and (cex := self.confirm(x)) is not None:
             self.log("attack")
             return "sat", cex
+        budget.check()
         with torch.no_grad():
             cache = self.net.intermediate_bounds(lo, hi)
             lb, _ = self.net.final_crown(*cache, lo, hi, C_dev)
@@ -133,8 +149,10 @@ class _CaseRunner:
         if self.refuted(lb):
             return "unsat", None
         # Tighter intermediate bounds for alpha-CROWN, and the root prior of branch and bound.
-        cache = (cache[0], optimise_intermediate_bounds(self.net, lo, hi, cache[1]))
-        lb, _ = alpha_mod.alpha_crown(self.net, lo, hi, C_dev, cache=cache)
+        budget.check()
+        cache = (cache[0], optimise_intermediate_bounds(self.net, lo, hi, cache[1], stop=budget))
+        budget.check()
+        lb, _ = alpha_mod.alpha_crown(self.net, lo, hi, C_dev, cache=cache, stop=budget)
         lb = lb.cpu()
         self.log("alpha-crown")
         if self.refuted(lb):
@@ -143,50 +161,81 @@ class _CaseRunner:
             self.log("input-split")
             res = input_split(self.net, self.C, self.d, self.owner, self.lo, self.hi,
                               self.deadline, self.agree, self.is_violation, progress=self.progress,
-                              attack=self.domain_attack, root_prior=cache[1])
+                              attack=self.domain_attack, root_prior=cache[1], stop=budget)
             self.progress.done()
             if res.verdict == "sat":
                 return "sat", self.confirm(res.x)
             return res.verdict, None
+        budget.check()
         x = pgd(self.forward_flat, self.lo, self.hi, self.C, self.d, self.owner,
-                restarts=32, steps=150, seed=1)
+                restarts=32, steps=150, seed=1, stop=budget)
         if x is not None and (cex := self.confirm(x)) is not None:
             self.log("attack-strong")
             return "sat", cex
         if self.net.splittable_nodes():
             self.log("relu-split")
+            budget.check()
             res = relu_split(self.net, self.C, self.d, self.owner, self.lo, self.hi,
                              self.deadline, self.agree, self.is_violation,
-                             progress=self.progress, root_prior=cache[1])
+                             progress=self.progress, root_prior=cache[1], stop=budget)
             self.progress.done()
             if res.verdict == "sat":
                 return "sat", self.confirm(res.x)
             return res.verdict, None
-        return ("timeout" if time.monotonic() > self.deadline else "unknown"), None
+        return ("timeout" if budget.expired() else "unknown"), None
 
 
-def verify(verifier, spec: Spec, timeout_s: float, comm, quiet: bool = True) -> Result:
-    """The verdict on `spec` for the compiled network behind `verifier`."""
+def check_spec_fits(spec: Spec, input_shape, output_shape) -> None:
+    """A property about another network (input or output count) is a user error, named
+    (it failed inside the attack: `mat1 and mat2 shapes cannot be multiplied`)."""
+    n_in = int(np.prod(input_shape))
+    n_out = int(np.prod(output_shape))
+    if spec.num_inputs != n_in:
+        raise ShardboundError(f"{spec.source}: the property has {spec.num_inputs} inputs (X_0.."
+                              f"X_{spec.num_inputs - 1}) but the model takes {n_in}; check that "
+                              "the property belongs to this model")
+    widths = {k.C.shape[1] for c in spec.cases for k in c.conjunctions}
+    if spec.num_outputs != n_out or widths - {n_out}:
+        m = max(widths | {spec.num_outputs})
+        raise ShardboundError(f"{spec.source}: the property constrains {m} outputs (Y_0..Y_{m - 1})"
+                              f" but the model has {n_out}; check that the property belongs "
+                              "to this model")
+
+
+def verify(verifier, spec: Spec, timeout_s: float, comm, quiet: bool = True,
+           deadline: float | None = None) -> Result:
+    """The verdict on `spec` for the compiled network behind `verifier`, within `timeout_s`
+    seconds (or by `deadline`, a time.monotonic() value, when given: the caller's budget).
+    Every rank of a job gets the same verdict at the same point."""
     start = time.monotonic()
-    deadline = start + timeout_s
+    if deadline is None:
+        deadline = start + timeout_s
+    budget = Budget(deadline, comm)
     stages: list[str] = []
     progress = Progress(quiet)
     verdicts = []
-    if spec.num_inputs != int(np.prod(verifier.input_shape)):
-        from shardbound.runtime.errors import ShardboundError
-        raise ShardboundError(f"{spec.source}: the property has {spec.num_inputs} inputs but the "
-                              f"model takes {int(np.prod(verifier.input_shape))}")
-    for i, case in enumerate(spec.cases):
-        runner = _CaseRunner(verifier, case, deadline, comm, progress,
-                             lambda s, i=i: stages.append(f"case {i}: {s}"))
-        verdict, cex = runner.run()
-        if verdict == "sat" and cex is not None:
-            return Result("sat", cex[0], cex[1], time.monotonic() - start, stages)
-        if verdict == "sat":      # a sat without a confirmed point is not reported
-            verdict = "unknown"
-        verdicts.append(verdict)
-        if verdict == "timeout":
-            break
+    check_spec_fits(spec, verifier.input_shape, verifier.output_shape)
+    net = verifier.network
+    net.budget = budget
+    try:
+        for i, case in enumerate(spec.cases):
+            runner = _CaseRunner(verifier, case, budget, comm, progress,
+                                 lambda s, i=i: stages.append(f"case {i}: {s}"))
+            try:
+                verdict, cex = runner.run()
+            except BudgetExhausted:
+                progress.done()
+                stages.append(f"case {i}: out of time")
+                verdict, cex = "timeout", None
+            if verdict == "sat" and cex is not None:
+                return Result("sat", cex[0], cex[1], time.monotonic() - start, stages)
+            if verdict == "sat":      # a sat without a confirmed point is not reported
+                verdict = "unknown"
+            verdicts.append(verdict)
+            if verdict == "timeout":
+                break
+    finally:
+        net.budget = None
     seconds = time.monotonic() - start
     if all(v == "unsat" for v in verdicts) and len(verdicts) == len(spec.cases):
         return Result("unsat", seconds=seconds, stages=stages)

@@ -5,7 +5,8 @@ makes the tests every family file runs on its cases.
   unless the case says the reference evaluator disagrees with the spec) on random inputs,
   for each opset the case lists (one per registered since-version: test_coverage.py checks
   that every registered (op, version) has a case);
-- soundness: IBP, CROWN and alpha-CROWN bounds contain 10,000 sampled outputs (a quarter on
+- soundness (at the case's first opset: the variants differ in lowering, not in the kernel):
+  IBP, CROWN and alpha-CROWN bounds contain 10,000 sampled outputs (a quarter on
   box corners) and a projected-gradient search's, on boxes of every kind (narrow, wide,
   crossing the kinks, deep in saturated regions, degenerate coordinates with lower == upper);
   CROWN's bounds are never looser than IBP's and alpha-CROWN's lower bounds never below
@@ -177,8 +178,10 @@ def check_sound(case: OpCase, opset: int, kind: str) -> None:
 def generate(cases: list[OpCase], namespace: dict) -> None:
     """Define test_forward and test_sound over `cases` in a test module's namespace."""
     forward_params = [pytest.param(c, o, id=c.id(o)) for c in cases for o in c.opsets]
-    sound_params = [pytest.param(c, o, k, id=f"{c.id(o)}-{k}") for c in cases for o in c.opsets
-                    for k in c.boxes]
+    # Opset variants differ in their lowering only (the forward checks cover each); the kernel
+    # and its bounds are the same, so soundness runs at the case's first opset.
+    sound_params = [pytest.param(c, c.opsets[0], k, id=f"{c.id(c.opsets[0])}-{k}")
+                    for c in cases for k in c.boxes]
 
     @pytest.mark.parametrize("case,opset", forward_params)
     def test_forward(case, opset):

@@ -1,0 +1,224 @@
+"""The verify budget and the job's processes, end to end, as a harness sees them.
+
+- `verify --mode fsdp --nproc 2 --timeout 10` on a property branch and bound cannot settle
+  in 10 s: the result file says `timeout` within 12 s of the command's start;
+- the same with a rank SIGSTOPped mid-run: `timeout` within 12 s, exit code 3, one line
+  naming the stopped rank;
+- SIGINT (and SIGTERM) to the launcher: one line `interrupted`, exit code 130, no process
+  of the job alive 5 s later, no traceback, no result file, no temporary directory left.
+
+Each test is one job of three processes (the launcher and two ranks) on a small MLP; waits
+are generous and bounded (what the issue promises is asserted, nothing tighter), so a busy
+2-core machine slows them down without making them fail.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import onnx
+import pytest
+
+import zoo
+
+pytestmark = pytest.mark.multirank
+
+SHARDBOUND = [sys.executable, "-m", "shardbound.compiler.cli"]
+HARD_SIZES = (20, 48, 48, 48, 2)     # > 16 inputs: ReLU splitting, 144 ReLUs on a wide box
+HARD_SEED = 7
+HARD_THRESHOLD = -2.0                # y0 - y1 >= -1.25 wherever PGD looked; CROWN: -24.4
+
+
+def _write_property(path, lower, upper, row, d):
+    lines = [f"(declare-const X_{i} Real)" for i in range(len(lower))]
+    lines += [f"(declare-const Y_{j} Real)" for j in range(len(row))]
+    for i, (lo, hi) in enumerate(zip(lower, upper)):
+        lines += [f"(assert (>= X_{i} {float(lo)!r}))", f"(assert (<= X_{i} {float(hi)!r}))"]
+    terms = " ".join(f"(* {float(c)!r} Y_{j})" for j, c in enumerate(row) if c != 0)
+    lines.append(f"(assert (<= (+ {terms} 0.0) {float(d)!r}))")
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture(scope="module")
+def hard(tmp_path_factory):
+    """(onnx path, property path): y0 - y1 <= -2 on [-1, 1]^20, which no attack reaches and
+    branch and bound needs far more than 10 s to refute."""
+    d = tmp_path_factory.mktemp("budget")
+    model, _ = zoo.mlp(np.random.default_rng(HARD_SEED), sizes=HARD_SIZES)
+    onnx.save(model, d / "hard.onnx")
+    n = HARD_SIZES[0]
+    _write_property(d / "hard.vnnlib", -np.ones(n), np.ones(n), [1.0, -1.0], HARD_THRESHOLD)
+    return str(d / "hard.onnx"), str(d / "hard.vnnlib")
+
+
+def _env(tmp_path):
+    env = dict(os.environ, TMPDIR=str(tmp_path / "tmp"), OMP_NUM_THREADS="1")
+    env.pop("WORLD_SIZE", None)
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    return env
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_for_ranks(proc, n: int, limit: float) -> list[int]:
+    end = time.monotonic() + limit
+    while time.monotonic() < end and proc.poll() is None:
+        kids = _children(proc.pid)
+        if len(kids) >= n:
+            return kids
+        time.sleep(0.05)
+    pytest.fail(f"the launcher did not start {n} ranks within {limit} s")
+
+
+def _watch_result(proc, result, start, limit: float):
+    """Wait for the process (at most `limit` s); (seconds from start to the result file's
+    appearance or None, stdout, stderr)."""
+    written = None
+    end = start + limit
+    while proc.poll() is None and time.monotonic() < end:
+        if written is None and os.path.exists(result):
+            written = time.monotonic() - start
+        time.sleep(0.02)
+    if written is None and os.path.exists(result):
+        written = time.monotonic() - start
+    if proc.poll() is None:
+        proc.kill()
+    out, err = proc.communicate(timeout=30)
+    return written, out, err
+
+
+def _left(tmp) -> list[str]:
+    """What the job left in its TMPDIR, besides torch's own cache folder."""
+    return [n for n in os.listdir(tmp) if not n.startswith("torchinductor_")]
+
+
+def _no_traceback(*texts):
+    for text in texts:
+        assert "Traceback" not in text, text
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc")
+def test_fsdp_verify_answers_timeout_within_12_s(hard, tmp_path):
+    model, prop = hard
+    result = str(tmp_path / "result.txt")
+    start = time.monotonic()
+    proc = subprocess.Popen(SHARDBOUND + ["verify", model, prop, "--mode", "fsdp", "--nproc", "2",
+                                          "--timeout", "10", "--result", result, "-q"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(tmp_path))
+    written, out, err = _watch_result(proc, result, start, 60)
+    assert written is not None and written <= 12.0, (written, err)
+    assert open(result).read().split()[0] == "timeout"
+    assert proc.returncode == 0, err
+    assert out.strip() == "timeout" and err == "", err
+    assert not _left(tmp_path / "tmp")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc")
+def test_a_sigstopped_rank_still_gives_timeout_within_12_s(hard, tmp_path):
+    model, prop = hard
+    result = str(tmp_path / "result.txt")
+    start = time.monotonic()
+    proc = subprocess.Popen(SHARDBOUND + ["verify", model, prop, "--mode", "fsdp", "--nproc", "2",
+                                          "--timeout", "10", "--result", result, "-q"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(tmp_path))
+    ranks = _wait_for_ranks(proc, 2, 9)
+    time.sleep(max(0.0, min(2.0, 9 - (time.monotonic() - start))))
+    os.kill(ranks[1], signal.SIGSTOP)
+    try:
+        written, out, err = _watch_result(proc, result, start, 60)
+    finally:
+        for pid in ranks:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert written is not None and written <= 12.0, (written, err)
+    assert open(result).read().split()[0] == "timeout"
+    assert proc.returncode == 3, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: rank 1 of 2 hung"), err
+    _no_traceback(out, err)
+    assert not any(_alive(pid) for pid in ranks)
+    log = lines[0].rsplit(" ", 1)[-1]           # the ranks' log is kept and named
+    assert os.path.exists(log)
+    os.unlink(log)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc")
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", "SIGINT-group"])
+def test_interrupting_the_launcher_stops_every_rank(hard, tmp_path, how):
+    model, prop = hard
+    result = str(tmp_path / "result.txt")
+    proc = subprocess.Popen(SHARDBOUND + ["verify", model, prop, "--mode", "fsdp", "--nproc", "2",
+                                          "--timeout", "120", "--result", result],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(tmp_path), start_new_session=True)
+    ranks = _wait_for_ranks(proc, 2, 60)
+    time.sleep(3)                           # into the ranks' start-up or the verification
+    job = [proc.pid, *ranks]
+    if how == "SIGINT-group":               # Ctrl-C in a terminal: the whole group
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(getattr(signal, how))
+    try:
+        out, err = proc.communicate(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"the launcher did not stop within 5 s: {err[-500:]}")
+    time.sleep(0.2)
+    alive = [pid for pid in job if _alive(pid)]
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, "processes of the job still alive after the interrupt"
+    assert proc.returncode == 130
+    assert err == "interrupted\n" and out == "", (out, err)
+    _no_traceback(out, err)
+    assert not os.path.exists(result)
+    assert not _left(tmp_path / "tmp")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc")
+def test_interrupting_single_process_verify(hard, tmp_path):
+    """One process: Ctrl-C reaches it inside torch calls; it answers within 5 s, in one line,
+    and removes its temporary compile directory."""
+    model, prop = hard
+    result = str(tmp_path / "result.txt")
+    proc = subprocess.Popen(SHARDBOUND + ["verify", model, prop, "--timeout", "120",
+                                          "--result", result],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(tmp_path))
+    end = time.monotonic() + 60
+    while time.monotonic() < end and not any(n.startswith("shardbound-verify-")
+                                             for n in os.listdir(tmp_path / "tmp")):
+        time.sleep(0.05)
+    time.sleep(2)                           # compiling or verifying by now
+    proc.send_signal(signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"verify did not stop within 5 s: {err[-500:]}")
+    assert proc.returncode == 130 and err == "interrupted\n" and out == "", (out, err)
+    assert not os.path.exists(result)
+    assert not _left(tmp_path / "tmp")

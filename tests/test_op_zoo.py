@@ -1,0 +1,147 @@
+"""The op-family zoo (tests/zoo.py OP_ZOO: networks that mix the new ops with the old ones) in
+every mode: fsdp P = 1..4 and tp bounds bitwise equal to single mode under `blocked` (IBP,
+CROWN, alpha-CROWN), and `verify` answering a sat and an unsat property on each model
+correctly in single, fsdp and tp mode (sat counterexamples re-checked with onnxruntime, result
+files byte-identical to single mode's), plus an unsat property that needs branch and bound:
+on every model in single mode, and on one model in all three modes (branch and bound over
+ranks costs a collective per round: the suite's time budget decides). The wide tp_* models
+(zones of 260-520 channels) take part in the bitwise bounds test only. A few process
+launches in all: every model and property goes through one job per mode and P."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import zoo
+from multirank import box_entry, compile_to, run_job
+from test_verify import _parse_result, _write_property
+
+pytestmark = pytest.mark.multirank     # jobs of several processes (pyproject.toml)
+
+METHODS = ["ibp", "crown", "alpha-crown"]
+BAB_EVERY_MODE = "leaky_residual"      # the model whose branch-and-bound property runs in all modes
+RADIUS = 0.15
+
+
+@pytest.fixture(scope="module")
+def op_zoo(tmp_path_factory):
+    """Per OP_ZOO model: the onnx model, a box, and its single / fsdp / tp programs."""
+    names = sorted(getattr(zoo, "OP_ZOO", {}))
+    if not names:
+        pytest.skip("no op-family zoo models")
+    tmp = tmp_path_factory.mktemp("op_zoo")
+    models = {}
+    for i, name in enumerate(names):
+        model, shape = zoo.build(name)
+        path = tmp / f"{name}.onnx"
+        onnx.save(model, path)
+        rng = np.random.default_rng(100 + i)
+        center = rng.uniform(-0.5, 0.5, size=int(np.prod(shape))).astype(np.float32)
+        lo, hi = center - np.float32(RADIUS), center + np.float32(RADIUS)
+        dirs = {mode: compile_to(str(path), str(tmp / f"{name}_{mode}"), mode=mode,
+                                 summation="blocked", tp_intermediate="crown")
+                for mode in ("single", "fsdp", "tp")}
+        models[name] = dict(model=model, path=str(path), lo=lo, hi=hi, dirs=dirs)
+    return tmp, models
+
+
+def _entries(models, mode):
+    return [box_entry(m["dirs"][mode], m["lo"], m["hi"]) for m in models.values()]
+
+
+def test_fsdp_and_tp_bounds_bitwise_equal_single(op_zoo):
+    tmp, models = op_zoo
+    single = run_job(tmp, _entries(models, "single"), METHODS, 1, tag="single")
+    for mode, worlds in (("fsdp", (1, 2, 3, 4)), ("tp", (2, 3))):
+        for P in worlds:
+            got = run_job(tmp, _entries(models, mode), METHODS, P, tag=mode)
+            for name, m in models.items():
+                for method in METHODS:
+                    assert (got[(m["dirs"][mode], method)]["sha"]
+                            == single[(m["dirs"]["single"], method)]["sha"]), (name, mode, P, method)
+
+
+def _properties(tmp, name, m):
+    """(path of spec.json, expected verdict) for three properties on output row 0 - row 1:
+    sat (a sampled point violates it), unsat below CROWN's bound, and unsat that CROWN alone
+    cannot prove (between CROWN's bound and the lowest value sampling and PGD find)."""
+    from shardbound.compiler.vnnlib import parse_vnnlib
+    from shardbound.runtime.program.loader import load
+    from shardbound.runtime.verification.spec import spec_from_property
+    from soundness import attack_min
+    import torch
+
+    net = load(m["dirs"]["single"])
+    out = int(np.prod(net.output_shape))
+    row = np.zeros((1, out))
+    row[0, 0] = 1.0
+    if out > 1:
+        row[0, 1] = -1.0
+    lo_t, hi_t = torch.from_numpy(m["lo"]), torch.from_numpy(m["hi"])
+    lowest = attack_min(lambda x: net.network.forward(x.reshape(-1, *net.input_shape))
+                        .reshape(x.shape[0], -1), lo_t, hi_t, torch.tensor(row, dtype=torch.float32),
+                        torch.Generator().manual_seed(0))
+    crown_lb = float(net.bounds(m["lo"], m["hi"], C=row.astype(np.float32), method="crown")[0][0])
+    assert crown_lb < lowest
+    specs = []
+    for kind, threshold, expected in (("sat", lowest + 0.05 * (abs(lowest) + 1), "sat"),
+                                      ("unsat_crown", crown_lb - 0.05 * (abs(crown_lb) + 1), "unsat"),
+                                      ("unsat_bab", crown_lb + 0.2 * (lowest - crown_lb), "unsat")):
+        vnnlib = tmp / f"{name}_{kind}.vnnlib"
+        _write_property(vnnlib, m["lo"], m["hi"], row, [threshold])
+        spec = tmp / f"{name}_{kind}.json"
+        spec.write_text(spec_from_property(parse_vnnlib(str(vnnlib))).to_json())
+        specs.append((str(spec), expected))
+    return specs
+
+
+def _runs_in(mode, name, spec):
+    """Which properties a mode verifies (see the module docstring)."""
+    return mode == "single" or not spec.endswith("_unsat_bab.json") or name == BAB_EVERY_MODE
+
+
+def test_verify_answers_in_every_mode(op_zoo):
+    tmp, models = op_zoo
+    models = {k: v for k, v in models.items() if not k.startswith("tp_")}
+    specs = {name: _properties(tmp, name, m) for name, m in models.items()}
+    results = {}
+    for mode, P in (("single", 1), ("fsdp", 2), ("tp", 2)):
+        entries = [{"dir": m["dirs"][mode],
+                    "specs": [s for s, _ in specs[name] if _runs_in(mode, name, s)],
+                    "verify_timeout": 60} for name, m in models.items()]
+        results[mode] = run_job(tmp, entries, [], P, tag=f"verify_{mode}")
+    for name, m in models.items():
+        for spec, expected in specs[name]:
+            got = {mode: results[mode][(m["dirs"][mode], spec)] for mode in results
+                   if _runs_in(mode, name, spec)}
+            for mode, r in got.items():
+                assert r["verdict"] == expected, (name, spec, mode, r["verdict"])
+                assert r["sha"] == got["single"]["sha"], (name, spec, mode)
+            if expected == "sat":
+                _check_counterexample(m, results["single"], spec)
+
+
+def _check_counterexample(m, results, spec):
+    text = results[(m["dirs"]["single"], spec)]["text"]
+    verdict, values = _parse_result(text)
+    x = np.array([values[f"X_{i}"] for i in range(m["lo"].size)], dtype=np.float32)
+    assert bool(((x >= m["lo"]) & (x <= m["hi"])).all())
+    y = _onnxruntime(m["model"], x)
+    assert y[0] - (y[1] if y.size > 1 else 0.0) <= float(spec_threshold(spec)) + 1e-5
+
+
+def _onnxruntime(model, x):
+    ort = pytest.importorskip("onnxruntime")
+    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    shape = [1] + [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim[1:]]
+    return s.run(None, {s.get_inputs()[0].name: x.reshape(shape)})[0].reshape(-1)
+
+
+def spec_threshold(spec):
+    import json
+
+    with open(spec) as f:
+        data = json.load(f)
+    return data["cases"][0]["conjunctions"][0]["d"][0]
