@@ -68,6 +68,12 @@ class Network:
         self.crown_rows: dict[str, int] = {}
         self.bounded_rows: dict[str, int] = {}  # rows each pass started with (memory model)
         self.budget = None              # verify: a time budget checked per CROWN-bounded node
+        # Sparse rows chosen under IBP recomputed from the CROWN-tightened bounds of earlier
+        # nodes (fewer rows, as auto_LiRPA does; bounds equal or tighter on most models, but
+        # CROWN's adaptive lines are not monotone in their input bounds, so some can come out
+        # looser) or, off, under IBP from the box alone: then the bounds are bitwise those of
+        # bounding every neuron (tests/test_sparse_rows.py).
+        self.sharpen_rows = True
         self.relaxed_consumers: dict[str, list[Op]] = {n.name: [] for n in self.nodes}
         for n in self.nodes:
             if n.relaxed:
@@ -132,7 +138,8 @@ class Network:
         # Sparse rows are chosen under the tightest bounds known so far: IBP recomputed from
         # the CROWN-tightened bounds of earlier nodes (where an input's bounds are still
         # IBP's, the node's are too and are reused).
-        sharpen = not refine and "crown" in self.intermediate.values()
+        sharpen = (self.sharpen_rows and not refine
+                   and "crown" in self.intermediate.values())
         self.crown_rows, self.bounded_rows = {}, {}
         held = _Storages()
         held.add(t for b in ibp.values() for t in b)
