@@ -134,3 +134,44 @@ def test_sparse_rows_under_ibp_give_the_dense_bits(tmp_path, name):
             (dense_lb, dense_ub), every_rows = _every_neuron(net, lo, hi)
         assert torch.equal(lb, dense_lb) and torch.equal(ub, dense_ub), (name, radius)
         assert sparse_rows <= every_rows
+
+
+def _mixed_cnn(rng):
+    """Convolutions between the elementwise relaxations of the op families (Sigmoid,
+    LeakyRelu, Clip, Abs, Tanh, PRelu, Sign) and a MaxPool: intermediate rows over (C, H, W)
+    nodes step through every one of them in patches form."""
+    b = zoo.Builder(rng, (2, 9, 9))
+
+    def conv(x, c_in, c_out, **attrs):
+        return b.op("Conv", [x, b.const(b.weight(c_out, c_in, 3, 3)),
+                             b.const(rng.normal(0, 0.1, (c_out,)))], **attrs)
+
+    h = b.op("Sigmoid", [conv("x", 2, 3, pads=[1, 1, 1, 1])])
+    h = b.op("LeakyRelu", [conv(h, 3, 3, pads=[1, 1, 1, 1])], alpha=0.2)
+    h = b.op("Clip", [conv(h, 3, 4), b.const(np.float32(-0.3)), b.const(np.float32(0.4))])
+    h = b.op("Abs", [conv(h, 4, 3, pads=[1, 1, 1, 1])])
+    h = b.op("MaxPool", [h], kernel_shape=[2, 2], strides=[1, 1])
+    h = b.op("Tanh", [conv(h, 3, 3, strides=[2, 2])])
+    h = b.op("PRelu", [conv(h, 3, 2, pads=[1, 1, 1, 1]),
+                       b.const(rng.uniform(-0.5, 0.5, (2, 1, 1)))])
+    h = b.op("Sign", [conv(h, 2, 2, pads=[1, 1, 1, 1])])
+    h = b.op("Flatten", [h], axis=1)
+    return b.build(b.gemm(h, 2 * 2 * 2, 3)), b.input_shape
+
+
+def test_patches_and_sparse_rows_keep_the_dense_bits_through_every_relaxation(tmp_path):
+    from shardbound.runtime import load
+
+    model, shape = _mixed_cnn(np.random.default_rng(5))
+    net = load(_compile(tmp_path, model, "mixed", summation="blocked")).network
+    for seed, radius in ((7, 0.3), (8, 0.05), (9, 1.0)):
+        lo, hi = _box(shape, seed, radius)
+        got = {}
+        with torch.no_grad():
+            for patches, sharpen in ((True, True), (False, True), (True, False)):
+                net.patches, net.sharpen_rows = patches, sharpen
+                got[patches, sharpen] = net.crown(lo, hi)
+            net.patches = False
+            every, _ = _every_neuron(net, lo, hi)
+        assert all(torch.equal(a, b) for a, b in zip(got[True, True], got[False, True]))
+        assert all(torch.equal(a, b) for a, b in zip(got[True, False], every)), radius
