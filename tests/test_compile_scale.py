@@ -51,15 +51,11 @@ def _full_replay_peak(nodes, output, world, batch, spec_rows, shard_rows, chunk)
     resident, peak = base["resident_param_bytes"], base["peak_tracked_bytes"]
     rows = (lambda t: -(-t // world)) if (shard_rows and world > 1) else (lambda t: t)
     held = sum(2 * batch * mm.math.prod(n.shape) * 4 for n in nodes if not n.traits.is_view)
-    for i, n in enumerate(nodes):
-        if n.crown_bounds and not n.traits.is_input:
-            peak = max(peak, resident + held + mm._backward_peak(
-                nodes, index, gathered, i, rows(mm.math.prod(n.shape)), True, batch))
-            held += 2 * batch * mm.math.prod(n.shape) * 4
-    out = index[output]
-    S = rows(spec_rows or mm.math.prod(nodes[out].shape))
-    return max(peak, resident + held + mm._backward_peak(nodes, index, gathered, out, S, False,
-                                                         batch))
+    starts = (world, bool(shard_rows) and chunk is not None, chunk or 0)
+    for t, S, eye, bounds in mm._passes(nodes, index, batch, rows, held, output, spec_rows, None):
+        peak = max(peak, resident + bounds + mm._backward_peak(nodes, index, gathered, t, S, eye,
+                                                               batch, starts))
+    return peak
 
 
 def test_pruned_memory_model_equals_the_full_replay_on_random_dags():

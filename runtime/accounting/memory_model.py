@@ -52,13 +52,31 @@ def _gathered_bytes(node: NodeShape, gathers: bool, streamed: bool, chunk: int) 
     return max(block, total - weight)
 
 
+def _starts_at_inputs(node: NodeShape, world: int, streamed: bool, chunk: int) -> bool:
+    """Whether a backward pass from `node` starts from its own rows at its inputs (the op's
+    closed-form `unit_backward`: runtime/engine/network.py) rather than from unit rows at the
+    node; a streamed linear weight has no closed form (it is never gathered whole)."""
+    from shardbound.runtime.ops.base import Op
+
+    cls = node.traits
+    if cls.relaxed or cls.unit_backward is Op.unit_backward:
+        return False
+    weight = math.prod(node.weight_shape) * F32 if node.weight_shape else 0
+    return not (streamed and world > 1 and cls.streams_weight and len(node.weight_shape) == 2
+                and weight > chunk)
+
+
 def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1,
                  spec_rows: int | None = None, shard_rows: bool | None = None,
-                 method: str = "crown", stream_chunk_bytes: int | None = None) -> dict:
+                 method: str = "crown", stream_chunk_bytes: int | None = None,
+                 crown_rows: dict | None = None) -> dict:
     """Predicted per-rank bytes: resident parameters, and the tracked peak of a run of
     `method` ("ibp" or "crown"). `shard_rows` None means single mode (whole parameters);
     False or True means fsdp without or with work sharding of the CROWN rows (the orders that
     shard rows also stream large linear weights in blocks of `stream_chunk_bytes`).
+    `crown_rows` (a run's `Network.bounded_rows`): how many neurons of each planned node CROWN
+    bounded; without it every neuron is assumed to be (the most a run can take: the compiler's
+    memory_plan pass predicts before any box is known).
 
     Replaying every backward pass costs the sum of their lengths: quadratic in depth (a chain
     of 20,000 ReLUs took minutes to compile). Only the largest peak is wanted, so each pass
@@ -89,34 +107,74 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
     if method == "ibp":
         return {"resident_param_bytes": resident, "peak_tracked_bytes": peak}
 
-    # The backward passes in run order: (target index, rows, identity start?, bounds held).
-    passes = []
-    bounds = ibp_bytes
-    for i, node in enumerate(nodes):
-        if node.crown_bounds and not node.traits.is_input:
-            passes.append((i, rows(math.prod(node.shape)), True, bounds))
-            bounds += 2 * batch * math.prod(node.shape) * F32
-    passes.append((index[output], rows(spec_rows or math.prod(nodes[index[output]].shape)),
-                   False, bounds))
+    passes = _passes(nodes, index, batch, rows, ibp_bytes, output, spec_rows, crown_rows)
     limits = _PassBounds(nodes, index, gathered)
     ranked = sorted(passes, key=lambda p: -(resident + p[3] + limits.upper(p[0], p[1], batch)))
     for target, S, eye, held in ranked:
         if resident + held + limits.upper(target, S, batch) <= peak:
             break                       # this pass and every later one cannot beat the peak
+        starts = (world, streamed, stream_chunk_bytes or 0)
         peak = max(peak, resident + held + _backward_peak(nodes, index, gathered, target, S, eye,
-                                                          batch))
+                                                          batch, starts))
     return {"resident_param_bytes": resident, "peak_tracked_bytes": peak}
 
 
-def _backward_peak(nodes, index, gathered, t: int, S: int, eye: bool, batch: int) -> int:
+def _passes(nodes, index, batch: int, rows, ibp_bytes: int, output: str, spec_rows,
+            crown_rows) -> list[tuple]:
+    """The backward passes in run order: (target index, rows, identity start?, bounds held).
+    The engine recomputes IBP from CROWN-tightened bounds (to choose the sparse rows): a
+    node whose inputs' bounds were tightened gets new bounds of its own ("differs"), kept
+    with the others and counted at the next planned node."""
+    passes = []
+    bounds = ibp_bytes
+    differs, pending = set(), 0
+    for i, node in enumerate(nodes):
+        planned = node.crown_bounds and not node.traits.is_input
+        if not planned:
+            if any(n in differs for n in node.inputs):
+                differs.add(node.name)
+                if not node.traits.is_view:
+                    pending += 2 * batch * math.prod(node.shape) * F32
+            continue
+        total = math.prod(node.shape)
+        if crown_rows is not None:
+            total = crown_rows.get(node.name, 0)
+        if total:
+            passes.append((i, rows(total), True, bounds))
+        if total or any(n in differs for n in node.inputs):
+            bounds += 2 * batch * math.prod(node.shape) * F32      # new bounds of its own
+            differs.add(node.name)
+        bounds += pending
+        pending = 0
+    passes.append((index[output], rows(spec_rows or math.prod(nodes[index[output]].shape)),
+                   False, bounds))
+    return passes
+
+
+def _backward_peak(nodes, index, gathered, t: int, S: int, eye: bool, batch: int,
+                   starts: tuple = (1, False, 0)) -> int:
     """The peak of live A-matrix bytes plus gathered parameters in one backward pass from
-    node `t` with S rows (what the ledger sees on top of resident parameters and bounds)."""
+    node `t` with S rows (what the ledger sees on top of resident parameters and bounds).
+    `starts`: (world, streamed, chunk) for `_starts_at_inputs`."""
+    while (eye and nodes[t].traits.is_view and len(nodes[t].inputs) == 1
+           and not nodes[index[nodes[t].inputs[0]]].traits.is_input):
+        t = index[nodes[t].inputs[0]]          # unit rows of a view are its input's
     target = nodes[t]
-    # live: name -> (lower bytes, upper bytes, shared storage?)
-    first = (S * math.prod(target.shape) if eye else batch * S * math.prod(target.shape)) * F32
-    live = {target.name: (first, first, True)}
-    a_prev = first
     peak = 0
+    # live: name -> (lower bytes, upper bytes, shared storage?)
+    if eye and _starts_at_inputs(target, *starts):
+        # the target's own rows at its inputs (shared by both sides, broadcast over B)
+        live = {name: (S * math.prod(nodes[index[name]].shape) * F32,) * 2 + (True,)
+                for name in target.inputs}
+        a_prev = sum(l for l, _, _ in live.values())
+        # the target's parameters are released before its rows enter the ledger
+        peak = max(a_prev, gathered[t])
+        t -= 1
+    else:
+        first = (S * math.prod(target.shape) if eye
+                 else batch * S * math.prod(target.shape)) * F32
+        live = {target.name: (first, first, True)}
+        a_prev = first
     for j in range(t, -1, -1):
         node = nodes[j]
         if node.name not in live or node.traits.is_input:

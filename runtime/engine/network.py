@@ -10,6 +10,17 @@ tighter than IBP (deep nets, wide boxes), and both are sound, so every CROWN bou
 intermediate ones and the final one -- is intersected with the IBP bound of the same node.
 Bounds may be infinite (an op whose input box leaves its domain); NaN, which arithmetic on
 them can make, becomes the vacuous bound after every IBP step and CROWN pass (`_vacuous_nan`).
+
+Sparse intermediate bounds: a neuron's bounds matter only where a relaxed consumer loses
+something with them (`inexact_mask`: a stable ReLU neuron's relaxation is exact whatever its
+bounds), so CROWN bounds only the neurons that are inexact under the tightest bounds known
+before it (IBP from the box, IBP recomputed from the CROWN-tightened bounds of earlier nodes,
+and a branch-and-bound prior); the others keep those bounds. The rows are chosen from bounds
+every rank holds alike (tp zone nodes agree through their own hook) and every kernel's rows
+are independent, so the bits do not depend on P, threads or row batching. A backward pass starts from the target's own rows (`Op.unit_backward`:
+rows of a weight matrix, no identity times weight), so a target that is an affine map of the
+input (the first layer) is bounded from its weights alone, without a backward pass.
+`crown_rows` records how many rows each pass propagated (`run --json` reports it).
 """
 
 from __future__ import annotations
@@ -23,9 +34,11 @@ from shardbound.runtime.numerics import contract
 from shardbound.runtime.errors import ShardboundError
 from shardbound.runtime.accounting.ledger import MemoryLedger, tensor_bytes
 from shardbound.runtime.ops import Bounds, Op
-from shardbound.runtime.parallel.rows import RowSplit, identity_rows, unit_rows
+from shardbound.runtime.ops.patches import Patches, dense
+from shardbound.runtime.parallel.rows import RowSplit, unit_rows
 
 METHODS = ("ibp", "crown", "alpha-crown")
+SMALL_BOX_TERMS = 1 << 20       # A-matrix elements up to which both box terms share a call
 
 
 class Network:
@@ -46,7 +59,24 @@ class Network:
         # (CROWN-tightened ones included) instead of the plain IBP pass from the input box.
         self.refine_ibp = False
         self.tp = None                  # tp mode: the zone ops' shared context (runtime.tp)
+        # Rows of intermediate passes over (C, H, W) nodes go in patches form (their
+        # receptive fields: runtime/ops/patches.py) through the ops that take them; not in
+        # tp (zone ops take dense channel slices) nor fsdp (the memory model, which fsdp
+        # plans with, predicts dense rows). Bits are the same either way.
+        self.patches = True
+        # Rows propagated by the last bound computation: planned node -> neurons that CROWN's
+        # backward pass bounded (0: none, or bounded from its own weights alone); the output
+        # -> spec rows of the final pass. Zone nodes (tp) count this rank's neurons.
+        self.crown_rows: dict[str, int] = {}
+        self.bounded_rows: dict[str, int] = {}  # rows each pass started with (memory model)
         self.budget = None              # verify: a time budget checked per CROWN-bounded node
+        # Sparse rows chosen under IBP recomputed from the CROWN-tightened bounds of earlier
+        # nodes (fewer rows, as auto_LiRPA does; bounds equal or tighter on most models, but
+        # CROWN's adaptive lines are not monotone in their input bounds, so some can come out
+        # looser) or, off, under IBP from the box alone: then the bounds are bitwise those of
+        # bounding every neuron (tests/test_sparse_rows.py). On under `fast` only: the
+        # ordered summations promise the dense path's bits (issue 13), `fast` promises speed.
+        self.sharpen_rows = order == "fast"
         self.relaxed_consumers: dict[str, list[Op]] = {n.name: [] for n in self.nodes}
         for n in self.nodes:
             if n.relaxed:
@@ -74,11 +104,12 @@ class Network:
     # -- interval bound propagation ----------------------------------------------------------
     def ibp_all(self, lower: torch.Tensor, upper: torch.Tensor) -> dict[str, Bounds]:
         bounds: dict[str, Bounds] = {}
+        held = _Storages()
         for n in self.nodes:
             bounds[n.name] = (_vacuous_nan(n.ibp(*(bounds[i] for i in n.inputs))) if n.inputs
                               else (lower, upper))
             n.release()
-            self.ledger.set("bounds", tensor_bytes(t for b in bounds.values() for t in b))
+            self.ledger.set("bounds", held.add(bounds[n.name]))
         return bounds
 
     # -- CROWN -------------------------------------------------------------------------------
@@ -108,12 +139,28 @@ class Network:
         known: dict[str, Bounds] = {}
         refined: dict[str, Bounds] = {}
         refine = self.refine_ibp and "ibp" in self.intermediate.values()
+        # Sparse rows are chosen under the tightest bounds known so far: IBP recomputed from
+        # the CROWN-tightened bounds of earlier nodes (where an input's bounds are still
+        # IBP's, the node's are too and are reused).
+        sharpen = (self.sharpen_rows and not refine
+                   and "crown" in self.intermediate.values())
+        self.crown_rows, self.bounded_rows = {}, {}
+        held = _Storages()
+        held.add(t for b in ibp.values() for t in b)
         for n in self.nodes:
             if refine:
                 refined[n.name] = (_vacuous_nan(n.ibp(*(refined[i] for i in n.inputs)))
                                    if n.inputs else (lower, upper))
                 n.release()
+            elif sharpen:
+                if not n.inputs or all(refined[i] is ibp[i] for i in n.inputs):
+                    refined[n.name] = ibp[n.name]
+                else:
+                    refined[n.name] = _vacuous_nan(n.ibp(*(refined[i] for i in n.inputs)))
+                    n.release()
             how = self.intermediate.get(n.name)
+            if (refine or sharpen) and how is None:     # kept: later IBP starts from it
+                held.add(refined[n.name])
             if how is None:
                 continue
             if how == "crown" and self.budget is not None:
@@ -125,20 +172,22 @@ class Network:
                 known[n.name] = base
             elif how == "ibp":
                 known[n.name] = _intersect(refined[n.name], base) if refine else base
-            elif prior is not None and n.name in prior:
-                known[n.name] = self._crown_unstable(n, lower, upper, known, base)
-            else:
+            elif refine and (prior is None or n.name not in prior):
+                # Later IBP bounds start from this node's (see refine_ibp), so every neuron's
+                # bound matters, exact relaxation or not.
                 known[n.name] = _intersect(self.crown_node(n, lower, upper, known), base)
+            else:
+                if sharpen and refined[n.name] is not ibp[n.name]:
+                    base = _intersect(refined[n.name], base)
+                known[n.name] = self._crown_unstable(n, lower, upper, known, base)
             if splits is not None and n.name in splits:
                 lo, hi = known[n.name]
                 s = splits[n.name]
                 known[n.name] = (torch.where(s > 0, lo.clamp(min=0), lo),
                                  torch.where(s < 0, hi.clamp(max=0), hi))
-            if refine:
+            if refine or sharpen:
                 refined[n.name] = known[n.name]
-            self.ledger.set("bounds", tensor_bytes(
-                [t for b in ibp.values() for t in b] + [t for b in known.values() for t in b]
-                + [t for b in refined.values() for t in b]))
+            self.ledger.set("bounds", held.add(known[n.name]))
         return ibp, known
 
     def final_crown(self, ibp, known, lower, upper, C=None, alphas=None, input_A=None,
@@ -157,6 +206,7 @@ class Network:
         spec = self._spec_matrix(C, B)
         S = spec.shape[1]
         a, b = self.rows.my_range(S)
+        self.crown_rows[self.output.name] = S
         lo, hi = self.backward(self.output, spec[:, a:b], lower, upper, known, alphas, input_A,
                                lower_only, split_A, extra_A)
         ilo, ihi = self._ibp_spec(ibp[self.output.name], C, B)
@@ -203,6 +253,16 @@ class Network:
                 return True
         return False
 
+    def rows_over_ranks(self, every: list[dict]) -> dict[str, int]:
+        """`crown_rows` of the whole job from every rank's (in rank order): a tp zone node's
+        counts are its ranks' own neurons, so they add up; every other count is the same on
+        every rank."""
+        out = dict(every[0]) if every else {}
+        for name in out:
+            if hasattr(self.by_name[name], "crown_bounds"):
+                out[name] = sum(rows.get(name, 0) for rows in every)
+        return out
+
     # -- neurons held by this rank (tp zone nodes hold a channel slice) ------------------------
     def neuron_range(self, node: Op) -> tuple[int, int, int]:
         """(start, stop, total): the flat indices of `node`'s neurons that this rank holds."""
@@ -230,26 +290,71 @@ class Network:
                                              lo, hi, self.order))
 
     def crown_node(self, node: Op, lower, upper, known, index=None) -> Bounds:
-        """CROWN bounds of every neuron of `node` (an identity A-matrix), reshaped to it; with
-        `index` (flat neuron indices), of those neurons only: (B, len(index)). A tp zone node
-        (holding a slice of its neurons) bounds its own slice (runtime.tp)."""
+        """CROWN bounds of every neuron of `node`, reshaped to it; with `index` (flat neuron
+        indices), of those neurons only: (B, len(index)). The pass starts from the node's own
+        rows (`unit_backward`), so no identity A-matrix is built where the op can do without
+        one. A tp zone node (holding a slice of its neurons) bounds its own slice
+        (runtime.tp)."""
         if hasattr(node, "crown_bounds"):
-            return node.crown_bounds(self, lower, upper, known, index)
+            out = node.crown_bounds(self, lower, upper, known, index)
+            self.crown_rows[node.name] = self.bounded_rows[node.name] = (
+                math.prod(node.shape) if index is None else len(index))
+            return out
         B = lower.shape[0]
         size = math.prod(node.shape)
         rows = size if index is None else len(index)
         a, b = self.rows.my_range(rows)
-        if index is None:
-            eye = identity_rows(a, b, size, lower.dtype, lower.device)
-        else:
-            eye = unit_rows(index[a:b], size, lower.dtype, lower.device)
-        eye = eye.reshape(b - a, *node.shape)
-        A = eye.unsqueeze(0).expand(B, *eye.shape)
-        lo, hi = self.backward(node, A, lower, upper, known)
+        chosen = (torch.arange(a, b) if index is None else torch.as_tensor(index)[a:b])
+        lo, hi, propagated = self._rows_pass(node, chosen, lower, upper, known)
+        self.crown_rows[node.name] = rows if propagated else 0
+        self.bounded_rows[node.name] = rows
         both = self.rows.gather(torch.stack([lo, hi], dim=-1), rows)
         if index is not None:
             return both[..., 0], both[..., 1]
         return both[..., 0].reshape(B, *node.shape), both[..., 1].reshape(B, *node.shape)
+
+    def _rows_pass(self, node: Op, chosen: torch.Tensor, lower, upper, known):
+        """(lower, upper, propagated) of the neurons `chosen` of `node`: the node's own
+        backward step on its unit rows (closed form where the op has one), then the pass
+        through the rest of the network; `propagated` is False when nothing but the input was
+        left after the first step (an affine map of the box: bounded from its weights)."""
+        B = lower.shape[0]
+        # A view keeps the element order: its unit rows are its input's, at the same indices.
+        while node.is_view and len(node.inputs) == 1 and node.inputs[0] != self.input.name:
+            node = self.by_name[node.inputs[0]]
+        patches = len(node.shape) == 3 and self._patches_ok()
+        start = (None if node.relaxed
+                 else node.unit_backward(chosen.to(lower.device), patches=patches))
+        if start is None:
+            if patches and node.accepts_patches:
+                A = Patches.unit(chosen, node.shape, lower.dtype, lower.device)
+            else:
+                A = unit_rows(chosen, math.prod(node.shape), lower.dtype, lower.device)
+                A = A.reshape(1, len(chosen), *node.shape)
+            lo, hi = self.backward(node, _expand(A, B), lower, upper, known)
+            return lo, hi, True
+        A_ins, bias = start
+        k = len(chosen)
+        starts = {}
+        for name, A in zip(node.inputs, A_ins):
+            if A is None:
+                continue
+            A = _expand(A, B)
+            starts[name] = A if name not in starts else starts[name] + A
+        l_bias = torch.zeros(B, k, dtype=lower.dtype, device=lower.device)
+        if bias is not None:
+            l_bias = l_bias + bias
+        node.release()
+        steps = []
+        lo, hi = self._propagate(node, starts, {n: A for n, A in starts.items()}, l_bias,
+                                 l_bias, lower, upper, known, steps=steps)
+        return lo, hi, any(not n.is_view for n in steps)
+
+    def _patches_ok(self) -> bool:
+        if not self.patches or self.tp is not None:
+            return False
+        return all(isinstance(p, torch.Tensor) or p is None          # fsdp holds shards
+                   for n in self.nodes for p in n.params.values())
 
     def _crown_unstable(self, node: Op, lower, upper, known, base: Bounds) -> Bounds:
         """`base` tightened by CROWN on the neurons whose relaxation is inexact under it in
@@ -259,6 +364,7 @@ class Network:
         index = torch.nonzero(self.inexact_mask(node, base).reshape(B, -1).any(dim=0)).reshape(-1)
         # A tp zone node may have to join collectives even with no neuron of its own to bound.
         if len(index) == 0 and not hasattr(node, "crown_bounds"):
+            self.crown_rows[node.name] = self.bounded_rows[node.name] = 0
             return base
         clo, chi = self.crown_node(node, lower, upper, known, index.cpu())
         lo, hi = blo.clone(), bhi.clone()
@@ -271,11 +377,18 @@ class Network:
         """Propagate A (B, S, *target.shape) back to the input and concretise over the box.
         With `lower_only`, the upper side is skipped and returned as None."""
         B, S = A.shape[:2]
-        lAs: dict[str, torch.Tensor] = {target.name: A}
-        uAs: dict[str, torch.Tensor | None] = {target.name: None if lower_only else A}
         l_bias = torch.zeros(B, S, dtype=A.dtype, device=A.device)
         u_bias = torch.zeros(B, S, dtype=A.dtype, device=A.device)
-        self.ledger.set("a_matrix", tensor_bytes([A]))
+        return self._propagate(target, {target.name: A},
+                               {target.name: None if lower_only else A}, l_bias, u_bias,
+                               lower, upper, known, alphas, input_A, split_A, extra_A)
+
+    def _propagate(self, target: Op, lAs: dict, uAs: dict, l_bias, u_bias, lower, upper, known,
+                   alphas=None, input_A=None, split_A=None, extra_A=None, steps=None) -> Bounds:
+        """The backward pass from A-matrices standing at nodes up to `target` (lAs / uAs by
+        node name; uAs None: lower side only) and the bias terms gathered so far, down to the
+        input, concretised over the box. `steps`, a list, receives the ops stepped through."""
+        self.ledger.set("a_matrix", tensor_bytes([*lAs.values(), *uAs.values()]))
         stop = self.nodes.index(target)
         for n in reversed(self.nodes[:stop + 1]):
             if n.name not in lAs or n is self.input:
@@ -283,11 +396,17 @@ class Network:
             lA, uA = lAs.pop(n.name), uAs.pop(n.name)
             if extra_A is not None and n.name in extra_A:
                 lA = lA + extra_A[n.name]
-            in_bounds = [known.get(i) for i in n.inputs]
             alpha = alphas.get(n.name) if alphas else None
+            if (isinstance(lA, Patches) or isinstance(uA, Patches)) and (
+                    not n.accepts_patches or alpha is not None
+                    or (split_A is not None and n.splittable)):
+                lA, uA = (dense(lA),) * 2 if uA is lA else (dense(lA), dense(uA))
+            in_bounds = [known.get(i) for i in n.inputs]
             if split_A is not None and n.splittable:
                 split_A[n.name] = lA
             l_in, u_in, lb, ub = n.crown_backward(lA, uA, in_bounds, alpha=alpha)
+            if steps is not None:
+                steps.append(n)
             # The step's inputs, outputs and gathered parameters are all alive here.
             self.ledger.set("a_matrix", tensor_bytes([*lAs.values(), *uAs.values(), lA, uA,
                                                       *l_in, *u_in]))
@@ -305,22 +424,54 @@ class Network:
             self.ledger.set("a_matrix", tensor_bytes([*lAs.values(), *uAs.values(), *l_in, *u_in]))
         lA, uA = lAs[self.input.name], uAs[self.input.name]
         if input_A is not None:
-            input_A["lA"] = lA
-        lo = self._concretize(lA, lower, upper, lower_side=True) + l_bias
-        hi = None if uA is None else self._concretize(uA, lower, upper, lower_side=False) + u_bias
+            input_A["lA"] = dense(lA)
+        if uA is lA:                    # one A for both sides (an affine map of the box)
+            mid, spread = self._box_terms(lA, lower, upper)
+            lo, hi = mid - spread + l_bias, mid + spread + u_bias
+        else:
+            mid, spread = self._box_terms(lA, lower, upper)
+            lo = mid - spread + l_bias
+            hi = None
+            if uA is not None:
+                mid, spread = self._box_terms(uA, lower, upper)
+                hi = mid + spread + u_bias
         self.ledger.set("a_matrix", 0)      # this pass's A-matrices are dropped now
         lo = torch.where(torch.isnan(lo), -math.inf, lo)
         return lo, None if hi is None else torch.where(torch.isnan(hi), math.inf, hi)
 
     def _concretize(self, A, lower, upper, lower_side: bool) -> torch.Tensor:
         """min (or max) of A x over the box: A.center -/+ |A|.radius, per row."""
+        mid, spread = self._box_terms(A, lower, upper)
+        return mid - spread if lower_side else mid + spread
+
+    def _box_terms(self, A, lower, upper) -> Bounds:
+        """(A.center, |A|.radius) per row. Rows in patches form meet the box at their windows
+        (`fast`) or go dense first (the ordered summations sum over the whole input). Under
+        the ordered summations a small A takes both terms from one kernel call (each value
+        depends on its two vectors alone, so the bits are those of two calls)."""
+        if isinstance(A, Patches):
+            if self.order != "fast":
+                both = A.dense_map(lambda rows: torch.stack(
+                    self._box_terms(rows, lower, upper), dim=-1))
+                return both[..., 0], both[..., 1]
+            else:
+                B, S = A.shape[:2]
+                center, radius = A.gather_many([((upper + lower) / 2).unsqueeze(1),
+                                                ((upper - lower) / 2).unsqueeze(1)])
+                return (contract.dot_last(A.flat(), center.reshape(B, S, -1), self.order),
+                        contract.dot_last(A.flat().abs(), radius.reshape(B, S, -1), self.order))
         B, S = A.shape[:2]
-        flat = A.reshape(B, S, math.prod(A.shape[2:]))
+        K = math.prod(A.shape[2:])
+        flat = A.reshape(B, S, K)
         center = ((upper + lower) / 2).reshape(B, 1, -1)
         radius = ((upper - lower) / 2).reshape(B, 1, -1)
-        mid = contract.dot_last(flat, center, self.order)
-        spread = contract.dot_last(flat.abs(), radius, self.order)
-        return mid - spread if lower_side else mid + spread
+        if self.order != "fast" and B == 1 and 0 < S * K <= SMALL_BOX_TERMS and \
+                not flat.requires_grad:
+            both = contract.matmul(torch.cat([flat[0], flat[0].abs()]),
+                                   torch.cat([center[0], radius[0]]), self.order)
+            return both[:S, 0].unsqueeze(0), both[S:, 1].unsqueeze(0)
+        return (contract.dot_last(flat, center, self.order),
+                contract.dot_last(flat.abs(), radius, self.order))
 
     def _spec_matrix(self, C, B: int) -> torch.Tensor:
         out = math.prod(self.output_shape)
@@ -362,6 +513,32 @@ def _vacuous_nan(b: Bounds) -> Bounds:
     where nothing is known; -inf / +inf says so soundly. Identity on finite bounds."""
     lo, hi = b
     return torch.where(torch.isnan(lo), -math.inf, lo), torch.where(torch.isnan(hi), math.inf, hi)
+
+
+class _Storages:
+    """Bytes of the distinct storages added so far (the ledger's `bounds`, counted as bounds
+    are made instead of recounting every node's at each step)."""
+
+    def __init__(self):
+        self.seen: set = set()
+        self.total = 0
+
+    def add(self, tensors) -> int:
+        for t in tensors:
+            if t is None:
+                continue
+            key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+            if key not in self.seen:
+                self.seen.add(key)
+                self.total += key[1]
+        return self.total
+
+
+def _expand(A, B: int):
+    """Rows made for one box, broadcast (as a view) over the B boxes."""
+    if isinstance(A, Patches):
+        return A.with_values(A.values.expand(B, *A.values.shape[1:]))
+    return A.expand(B, *A.shape[1:])
 
 
 def _intersect(a: Bounds, b: Bounds) -> Bounds:

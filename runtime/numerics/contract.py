@@ -41,14 +41,23 @@ class _OrderedMatmul(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w_t, order):
-        ctx.save_for_backward(w_t)
+        if isinstance(w_t, torch.Tensor):
+            ctx.save_for_backward(w_t)
+            ctx.prepared = None
+            w_t = w_t.contiguous()
+        else:                           # a prepared operand (see `prepare`): kept by its owner
+            ctx.prepared = w_t
         ctx.order = order
-        return _kernels().matmul(x.contiguous(), w_t.contiguous(), order)
+        return _kernels().matmul(x.contiguous(), w_t, order)
 
     @staticmethod
     def backward(ctx, grad):
-        (w_t,) = ctx.saved_tensors
-        return _kernels().matmul(grad.contiguous(), w_t.t().contiguous(), ctx.order), None, None
+        if ctx.prepared is not None:
+            w = ctx.prepared.transposed()
+        else:
+            (w_t,) = ctx.saved_tensors
+            w = w_t.t().contiguous()
+        return _kernels().matmul(grad.contiguous(), w, ctx.order), None, None
 
 
 class _OrderedDot(torch.autograd.Function):
@@ -74,22 +83,38 @@ class _OrderedDot(torch.autograd.Function):
         return ga, gb, None
 
 
-def matmul(x: torch.Tensor, w_t: torch.Tensor, order: str) -> torch.Tensor:
-    """`x @ w_t.T` with x (..., K) and w_t (N, K), summed over K in the given order."""
+def prepare(w_t: torch.Tensor, order: str, w: torch.Tensor | None = None):
+    """`w_t` (N, K) as the operand of many products `matmul(x, ., order)`: what each order
+    derives from a weight (the ordered kernels' padded copy, `exact`'s float64 slices) is
+    then made once, not per call; `w`, when the caller holds w_t's transpose contiguous,
+    serves the gradient. Bits are those of passing `w_t` itself. Do not modify w_t after."""
     if order == "fast":
-        return torch.matmul(x, w_t.t())
+        return w_t
+    _check(order)
+    return _kernels().PreparedWeight(w_t.contiguous(), transposed=w)
+
+
+def matmul(x: torch.Tensor, w_t, order: str) -> torch.Tensor:
+    """`x @ w_t.T` with x (..., K) and w_t (N, K) (a tensor, or `prepare`'s operand), summed
+    over K in the given order."""
+    if order == "fast":
+        return torch.matmul(x, getattr(w_t, "w_t", w_t).t())
     _check(order)
     if x.numel() == 0:      # a rank that owns no rows of this pass
         return torch.zeros((*x.shape[:-1], w_t.shape[0]), dtype=x.dtype, device=x.device)
     if x.requires_grad:
         return _OrderedMatmul.apply(x, w_t, order)
-    return _kernels().matmul(x.contiguous(), w_t.contiguous(), order)
+    if isinstance(w_t, torch.Tensor):
+        w_t = w_t.contiguous()
+    return _kernels().matmul(x.contiguous(), w_t, order)
 
 
 def dot_last(a: torch.Tensor, b: torch.Tensor, order: str) -> torch.Tensor:
-    """Sum over the last dimension of `a * b` (b broadcast against a) in the given order."""
+    """Sum over the last dimension of `a * b` (b broadcast against a) in the given order.
+    `fast` contracts with a matrix product (no full-size temporary `a * b`) where b is one
+    vector or one vector per leading batch entry: the shapes every bias and box term has."""
     if order == "fast":
-        return (a * b).sum(dim=-1)
+        return _fast_dot(a, b)
     _check(order)
     if a.numel() == 0 or b.numel() == 0:
         return (a * b).sum(dim=-1)          # empty: nothing to order
@@ -103,3 +128,17 @@ def sum_last(a: torch.Tensor, order: str) -> torch.Tensor:
     if order == "fast":
         return a.sum(dim=-1)
     return dot_last(a, torch.ones(a.shape[-1], dtype=a.dtype, device=a.device), order)
+
+
+def _fast_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """sum(a * b, -1) as a BLAS product: b (K,) -> a matrix-vector product over all rows; b
+    (..., 1, K) against a (..., S, K) with the same leading dims -> a batched one; anything
+    else (or an empty operand) elementwise."""
+    if a.numel() == 0 or b.numel() == 0 or a.dtype != b.dtype:
+        return (a * b).sum(dim=-1)
+    if b.dim() == 1 and a.dim() >= 1 and a.shape[-1] == b.shape[0]:
+        return torch.matmul(a, b)
+    if (a.dim() >= 2 and b.dim() == a.dim() and b.shape[-2] == 1
+            and b.shape[:-2] == a.shape[:-2] and b.shape[-1] == a.shape[-1]):
+        return torch.matmul(a, b.transpose(-1, -2)).squeeze(-1)
+    return (a * b).sum(dim=-1)

@@ -81,16 +81,26 @@ class PreparedWeight:
     in place.
     """
 
-    def __init__(self, w_t: torch.Tensor):
+    def __init__(self, w_t: torch.Tensor, transposed: torch.Tensor | None = None):
         if w_t.dim() != 2 or w_t.dtype != torch.float32:
             raise ValueError(f"w_t must be a float32 (N, K) tensor, got {w_t.dtype} {tuple(w_t.shape)}")
         self.w_t = w_t
         self._padded = None
+        self._transposed = transposed   # w_t.T (K, N) contiguous, for gradients
         self.exact_cache: dict = {}     # float64 copy + row norms for exact_matmul
 
     @property
     def shape(self):
         return self.w_t.shape
+
+    def transposed(self) -> "PreparedWeight":
+        """w_t.T as a prepared operand (a gradient's x @ w_t): made once, then kept."""
+        if not isinstance(self._transposed, PreparedWeight):
+            t = self._transposed
+            self._transposed = PreparedWeight(
+                t.contiguous() if t is not None else self.w_t.t().contiguous(), self.w_t)
+            self._transposed._transposed = self
+        return self._transposed
 
     def padded(self) -> torch.Tensor:
         """(max(N, MIN_COLS), K) contiguous float32: what the block GEMMs read."""

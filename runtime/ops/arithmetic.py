@@ -59,6 +59,7 @@ class Add(Op):
     """y = sum_i coeffs[i] * x_i over computed tensors of one shape (residual Add, Sub)."""
 
     kind = "add"
+    accepts_patches = True          # scales its rows: patches stay patches
 
     def setup(self, coeffs=(1.0, 1.0)):
         self.coeffs = tuple(float(c) for c in coeffs)

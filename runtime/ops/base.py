@@ -27,6 +27,9 @@ Traits (defaults in `Op`):
 - `has_alpha`, `splittable`: optimisable and splittable relaxations (see `relaxation.py`).
 - `pointwise_affine`: y = x * scale + shift elementwise (canonicalize merges these and folds
   them into the layers around them through `absorb_affine_after` / `absorb_affine_before`).
+- `accepts_patches`: the backward step takes (and gives) A-matrices in patches form (rows
+  nonzero only in a window of a (C, H, W) grid: runtime/ops/patches.py); the engine turns
+  patches dense before any op that does not declare it.
 """
 
 from __future__ import annotations
@@ -90,6 +93,7 @@ class Op:
     has_alpha = False
     splittable = False
     pointwise_affine = False
+    accepts_patches = False         # the backward step takes A in patches form (patches.py)
 
     def __init__(self, name: str, inputs: Sequence[str], in_shapes: Sequence[Sequence[int]],
                  shape: Sequence[int] | None = None, params: dict | None = None,
@@ -186,6 +190,15 @@ class Op:
             return l_in, l_in, l_bias, l_bias
         u_in, u_bias = self.backward_linear(uA)
         return l_in, u_in, l_bias, u_bias
+
+    def unit_backward(self, index: torch.Tensor, patches: bool = False):
+        """The backward step of the unit rows e_index (the neurons `index`, flat, of this
+        node's output), in closed form: (A per input, each (1, len(index), *in_shape) or None
+        for an input the rows do not reach; bias (1, len(index)) or None), bitwise what
+        `backward_linear` gives for those rows, without building them; with `patches`, an A
+        may come in patches form. None: no closed form (the engine then propagates the unit
+        rows through `crown_backward`)."""
+        return None
 
     # -- helpers ------------------------------------------------------------------------------
     def _dot(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

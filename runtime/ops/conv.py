@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from shardbound.runtime.numerics import contract
 from shardbound.runtime.ops.base import Op, center_radius, per_feature, register_op
+from shardbound.runtime.ops.patches import Patches
 
 
 @register_op
@@ -116,7 +117,16 @@ class Conv2d(Op):
         yr = self._conv(r, self.param("weight").abs(), with_bias=False)
         return yc - yr, yc + yr
 
+    @property
+    def accepts_patches(self) -> bool:
+        """The kernel's own backward step takes patches (tp's zone convolutions, whose
+        contractions are reduced across ranks, take dense rows)."""
+        return (type(self).backward_linear is Conv2d.backward_linear
+                and type(self)._cout_product is Conv2d._cout_product)
+
     def backward_linear(self, A):
+        if isinstance(A, Patches):
+            return self._backward_patches(A)
         B, S = self._rows(A)
         w = self.param("weight")
         C_in, H, W = self.in_shapes[0]
@@ -131,9 +141,9 @@ class Conv2d(Op):
                        Wp - ((Wo - 1) * sw + dw * (kw - 1) + 1))
             A_pad = F.conv_transpose2d(flat, w, None, self.strides, 0, out_pad, self.groups,
                                        self.dilations)
-        else:
-            A_pad = self._backward_im2col(flat, w, (Hp, Wp))
-        A_in = A_pad[:, :, pt:pt + H, pl:pl + W].contiguous().reshape(B, S, C_in, H, W)
+            A_in = A_pad[:, :, pt:pt + H, pl:pl + W].contiguous().reshape(B, S, C_in, H, W)
+        else:           # scattered straight into the unpadded input (padding dropped)
+            A_in = self._backward_im2col(flat, w, (H, W), (pt, pl)).reshape(B, S, C_in, H, W)
         b = self.param("bias")
         bias = None
         if b is not None:
@@ -153,25 +163,144 @@ class Conv2d(Op):
         return contract.dot_last(per_channel, b, self.order)
 
 
-    def _backward_im2col(self, A_flat, w, padded_hw):
-        """The transpose of _conv_im2col: A (N, Cout, Ho, Wo) -> (N, C_in, Hp, Wp); the
-        contraction over Cout goes through the kernels, the scatter-add of patches is F.fold."""
-        N, Cout = A_flat.shape[:2]
+    def _backward_im2col(self, A_flat, w, out_hw, offset=(0, 0)):
+        """The transpose of _conv_im2col: A (N, Cout, Ho, Wo) -> (N, C_in, *out_hw), the
+        padded input grid shifted by `offset` (the pads: the unpadded input); the contraction
+        over Cout goes through the kernels, then the scatter-add of the kernel taps
+        (`_scatter_taps`)."""
+        N, Cout, Ho, Wo = A_flat.shape
         kh, kw = w.shape[2:]
         G = self.groups
         L = A_flat.shape[2] * A_flat.shape[3]
         A_cols = A_flat.reshape(N, Cout, L).transpose(1, 2).contiguous()    # (N, L, Cout)
         out_per_group = Cout // G
         parts = []
-        for g in range(G):
-            wg = w[g * out_per_group:(g + 1) * out_per_group].reshape(
-                out_per_group, w.shape[1] * kh * kw)        # explicit: a tp rank may hold none
+        for g, wg_t in enumerate(self._group_weights_t(w)):
             parts.append(self._cout_product(
                 A_cols[..., g * out_per_group:(g + 1) * out_per_group].contiguous(),
-                wg.t().contiguous()))                                      # (N, L, cin_g*kh*kw)
+                wg_t))                                                     # (N, L, cin_g*kh*kw)
         cols = parts[0] if G == 1 else torch.cat(parts, dim=-1)
-        cols = cols.transpose(1, 2).contiguous()                            # (N, C_in*kh*kw, L)
-        return F.fold(cols, padded_hw, (kh, kw), dilation=self.dilations, stride=self.strides)
+        return self._scatter_taps(cols.reshape(N, Ho, Wo, -1, kh, kw), out_hw, offset)
+
+    def _scatter_taps(self, cols, out_hw, offset=(0, 0)):
+        """F.fold of cols (N, Ho, Wo, C_in, kh, kw) into the padded grid, kept only on
+        (N, C_in, *out_hw) from `offset` on: one strided add per kernel tap, taps in col2im's
+        order ((i, j) row-major), so every pixel adds the same terms in the same order from
+        the same zero (the bits of F.fold and a crop, without its per-element loop)."""
+        N, Ho, Wo, C_in, kh, kw = cols.shape
+        (sh, sw), (dh, dw) = self.strides, self.dilations
+        out = cols.new_zeros((N, C_in, *out_hw))
+        for i in range(kh):
+            ys = _tap_range(i * dh - offset[0], sh, Ho, out_hw[0])
+            for j in range(kw):
+                xs = _tap_range(j * dw - offset[1], sw, Wo, out_hw[1])
+                if ys is None or xs is None:
+                    continue
+                (y0, ny, t0), (x0, nx, u0) = ys, xs
+                out[:, :, t0:t0 + sh * (ny - 1) + 1:sh, u0:u0 + sw * (nx - 1) + 1:sw] += \
+                    cols[:, y0:y0 + ny, x0:x0 + nx, :, i, j].permute(0, 3, 1, 2)
+        return out
+
+    def _group_weights_t(self, w):
+        """Per group, its weights transposed (cin_g*kh*kw, out_per_group) and contiguous: the
+        backward product's operands, made once per program for a resident weight (an fsdp
+        shard is gathered per use, so it is transposed per use)."""
+        cached = getattr(self, "_weights_t_cache", None)
+        if cached is not None and cached[0] is w:
+            return cached[1]
+        G, kh, kw = self.groups, *w.shape[2:]
+        out_per_group = w.shape[0] // G
+        parts = [w[g * out_per_group:(g + 1) * out_per_group].reshape(
+                     out_per_group, w.shape[1] * kh * kw)     # explicit: a tp rank may hold none
+                 .t().contiguous() for g in range(G)]
+        if isinstance(self.params.get("weight"), torch.Tensor):
+            self._weights_t_cache = (w, parts)
+        return parts
+
+    def _backward_patches(self, A: Patches):
+        """The backward step on rows in patches form: the transposed convolution of each
+        window (the same per-position products and scatter-add as the dense rows), whose
+        corner moves to the input grid; the bias term sums each channel over the window
+        (`fast`) or over the dense rows (ordered summations: the dense bits)."""
+        B, S = self._rows(A)
+        w = self.param("weight")
+        C_in = self.in_shapes[0][0]
+        Cout, kh, kw = w.shape[0], *w.shape[2:]
+        (sh, sw), (dh, dw) = self.strides, self.dilations
+        ph, pw = A.window
+        size = ((ph - 1) * sh + dh * (kh - 1) + 1, (pw - 1) * sw + dw * (kw - 1) + 1)
+        flat = A.values.reshape(B * S, Cout, ph, pw)
+        if self.order == "fast":
+            out = F.conv_transpose2d(flat, w, None, self.strides, 0, 0, self.groups,
+                                     self.dilations)
+        else:
+            out = self._backward_im2col(flat.contiguous(), w, size)
+        origin = A.origin * torch.tensor([sh, sw], device=A.origin.device) \
+            - torch.tensor(self.pads[:2], device=A.origin.device)
+        A_in = Patches(out.reshape(B, S, C_in, *size), origin, self.in_shapes[0]).masked()
+        if A_in.covers_grid():
+            A_in = A_in.to_dense()
+        b = self.param("bias")
+        bias = None
+        if b is not None:
+            if self.order == "fast":
+                per_channel = A.values.sum(dim=(-2, -1))
+            else:
+                Ho, Wo = self.shape[1:]
+                per_channel = A.dense_map(lambda rows: contract.sum_last(
+                    rows.reshape(B, rows.shape[1], Cout, Ho * Wo), self.order))
+            bias = self._channel_dot(per_channel, b)
+        return [A_in], bias
+
+    def unit_backward(self, index, patches=False):
+        """The unit rows e_index through the transposed convolution, in closed form: each row
+        is its output channel's kernel placed at the row's receptive field (the padding
+        cropped), exactly what backward_linear gives for it, without the transposed
+        convolution; the bias term is the channel's bias. With `patches`, the rows come as
+        their receptive fields (patches.py)."""
+        if not self.accepts_patches:
+            return None
+        w = self.param("weight")
+        Cout, cin_g, kh, kw = w.shape
+        C_in, H, W = self.in_shapes[0]
+        Ho, Wo = self.shape[1:]
+        pt, pl, pb, pr = self.pads
+        (sh, sw), (dh, dw) = self.strides, self.dilations
+        k, dev = len(index), w.device
+        o, y, x = index // (Ho * Wo), (index // Wo) % Ho, index % Wo
+        group = o // (Cout // self.groups)
+        b = self.param("bias")
+        bias = None if b is None else b.index_select(0, o).unsqueeze(0)
+        rows = torch.arange(k, device=dev).reshape(k, 1, 1, 1)
+        chans = ((group * cin_g).reshape(k, 1, 1, 1)
+                 + torch.arange(cin_g, device=dev).reshape(1, -1, 1, 1))
+        taps_y = dh * torch.arange(kh, device=dev).reshape(1, 1, -1, 1)
+        taps_x = dw * torch.arange(kw, device=dev).reshape(1, 1, 1, -1)
+        if patches:                     # the window: the kernel's (dilated) footprint
+            window = torch.zeros((k, C_in, dh * (kh - 1) + 1, dw * (kw - 1) + 1),
+                                 dtype=w.dtype, device=dev)
+            window[rows, chans, taps_y, taps_x] = w.index_select(0, o)
+            origin = torch.stack([y * sh - pt, x * sw - pl], dim=1)
+            A = Patches(window.unsqueeze(0), origin, self.in_shapes[0]).masked()
+            return [A.to_dense() if A.covers_grid() else A], bias
+        A = w.new_zeros((k, C_in, H + pt + pb, W + pl + pr))
+        ys = (y * sh).reshape(k, 1, 1, 1) + taps_y
+        xs = (x * sw).reshape(k, 1, 1, 1) + taps_x
+        A[rows, chans, ys, xs] = w.index_select(0, o)
+        A = A[:, :, pt:pt + H, pl:pl + W].contiguous()
+        return [A.reshape(1, k, C_in, H, W)], bias
+
+
+def _tap_range(shift: int, stride: int, n: int, size: int):
+    """Output positions y in [0, n) whose tap lands at t = y * stride + shift in [0, size):
+    (first y, count, first t), or None when none does."""
+    first = max(0, -(shift // stride) if shift < 0 else 0)
+    while first * stride + shift < 0:
+        first += 1
+    last = min(n - 1, (size - 1 - shift) // stride) if size - 1 - shift >= 0 else -1
+    if last < first:
+        return None
+    return first, last - first + 1, first * stride + shift
 
 
 @register_op

@@ -3,7 +3,10 @@ constant weight; compiler/lowering/linear.py)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+import torch
 
 from shardbound.runtime.numerics import contract, streaming
 from shardbound.runtime.ops.base import Op, center_radius, per_feature, register_op
@@ -68,7 +71,7 @@ class Linear(Op):
         stream = self._streamed()
         if stream is not None:
             return self._with_bias(streaming.forward_products(stream, [x], [False], self.order)[0])
-        return self._with_bias(contract.matmul(x, self.param("weight"), self.order))
+        return self._with_bias(contract.matmul(x, self._weight(), self.order))
 
     def ibp(self, b):
         c, r = center_radius(*b)
@@ -76,9 +79,8 @@ class Linear(Op):
         if stream is not None:
             yc, yr = streaming.forward_products(stream, [c, r], [False, True], self.order)
         else:
-            w = self.param("weight")
-            yc = contract.matmul(c, w, self.order)
-            yr = contract.matmul(r, w.abs(), self.order)
+            yc = contract.matmul(c, self._weight(), self.order)
+            yr = contract.matmul(r, self.param("weight").abs(), self.order)
         yc = self._with_bias(yc)
         return yc - yr, yc + yr
 
@@ -98,8 +100,55 @@ class Linear(Op):
             (A_in,) = streaming.backward_products(stream, [A], self.order)
         else:
             # A (..., N) @ W (N, K): contract over N with W.T as the (K, N) operand.
-            A_in = contract.matmul(A, self.param("weight").t().contiguous(), self.order)
+            A_in = contract.matmul(A, self._weight_t(), self.order)
         return [A_in], self._bias_term(A)
+
+    def _weight_t(self):
+        """W.T (K, N) as the backward product's operand: prepared once per program for a
+        resident weight (an fsdp shard is gathered per use and freed, so it is transposed per
+        use). `fast` multiplies by the transposed view; the ordered kernels read a contiguous
+        copy (their bits are pinned for one operand layout)."""
+        w = self.param("weight")
+        if self.order == "fast":
+            return w.t()
+        if not isinstance(self.params.get("weight"), torch.Tensor):
+            return w.t().contiguous()
+        return self._prepared(w)[1]
+
+    def _weight(self):
+        """W (N, K) as the forward product's operand (prepared once, as `_weight_t`)."""
+        w = self.param("weight")
+        if self.order == "fast" or not isinstance(self.params.get("weight"), torch.Tensor):
+            return w
+        return self._prepared(w)[0]
+
+    def _prepared(self, w):
+        """(W, W.T) prepared for the ordered kernels, made on first use and kept while the
+        weight tensor is the same object (tp binding or a device move replaces it)."""
+        cached = getattr(self, "_prepared_weights", None)
+        if cached is None or cached[0] is not w:
+            w_t = contract.prepare(w.t().contiguous(), self.order, w)
+            cached = self._prepared_weights = (w, (w_t.transposed(), w_t))
+        return cached[1]
+
+    def unit_backward(self, index, patches=False):
+        """Rows `index` of the identity times W: the rows of W itself (and the bias entries),
+        exactly what backward_linear gives for them, without the product."""
+        if (type(self).backward_linear is not Linear.backward_linear
+                or self._streamed() is not None):
+            return None
+        w = self.param("weight")
+        N, K = w.shape
+        lead = math.prod(self.in_shapes[0][:-1])
+        out, pos = index % N, index // N
+        if lead == 1:
+            A = w.index_select(0, out)
+        else:                           # a linear map along the last axis of a larger tensor
+            A = w.new_zeros((len(index), lead, K))
+            A[torch.arange(len(index), device=w.device), pos] = w.index_select(0, out)
+        b = self.param("bias")
+        bias = None if b is None else b.index_select(0, out).unsqueeze(0)
+        return [A.reshape(1, len(index), *self.in_shapes[0])], bias
 
     def crown_backward(self, lA, uA, in_bounds, alpha=None):
         stream = self._streamed()

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 import torch
 
 from shardbound.runtime.ops.base import Op
+from shardbound.runtime.ops.patches import Patches
+from shardbound.runtime.ops.patches import dense as _dense
 
 
 @dataclass
@@ -54,6 +56,7 @@ class ElementwiseRelaxation(Op):
 
     relaxed = True
     backward_memory = "separate"
+    accepts_patches = True          # its lines are gathered at each row's window
 
     def relax(self, lo: torch.Tensor, hi: torch.Tensor, alpha=None) -> Lines:
         """Sound lines over [lo, hi] (each (B, 1, *shape); alpha (B, S, *alpha_shape))."""
@@ -90,6 +93,8 @@ class ElementwiseRelaxation(Op):
         lo, hi = in_bounds[0]
         lo, hi = lo.unsqueeze(1), hi.unsqueeze(1)      # broadcast over the S rows
         lines = self.relax(lo, hi, alpha)
+        if isinstance(lA, Patches) and alpha is None:
+            return self._crown_patches(lA, uA, lines)
         lA_in, l_bias = self._side(lA, lines.lower_slope, lines.lower_icpt,
                                    lines.upper_slope, lines.upper_icpt)
         if uA is None:                      # lower bound only
@@ -100,25 +105,93 @@ class ElementwiseRelaxation(Op):
                                    lines.lower_slope, lines.lower_icpt)
         return [lA_in], [uA_in], l_bias, u_bias
 
+    def _crown_patches(self, lA, uA, lines: Lines):
+        """The step on rows in patches form: the lines gathered once at the windows (both
+        sides' windows lie alike after the same steps), then `_side_patches` per side."""
+        sides = [lA] if uA is None else [lA, uA]
+        if not all(isinstance(A, Patches) and A.window == lA.window
+                   and torch.equal(A.origin, lA.origin) for A in sides):
+            sides = [lA.to_dense()] + ([] if uA is None else [_dense(uA)])
+            lA_in, l_bias = self._side(sides[0], lines.lower_slope, lines.lower_icpt,
+                                       lines.upper_slope, lines.upper_icpt)
+            if uA is None:
+                return [lA_in], [None], l_bias, None
+            uA_in, u_bias = self._side(sides[1], lines.upper_slope, lines.upper_icpt,
+                                       lines.lower_slope, lines.lower_icpt)
+            return [lA_in], [uA_in], l_bias, u_bias
+        names = ("lower_slope", "lower_icpt", "upper_slope", "upper_icpt")
+        full = {k: getattr(lines, k) for k in names if getattr(lines, k) is not None}
+        got = dict(zip(full, lA.gather_many(list(full.values()))))
+        g = {k: (None if k not in full else (full[k], got[k])) for k in names}
+        lA_in, l_bias = self._side_patches(lA, g["lower_slope"], g["lower_icpt"],
+                                           g["upper_slope"], g["upper_icpt"])
+        if uA is None:
+            return [lA_in], [None], l_bias, None
+        uA_in, u_bias = self._side_patches(uA, g["upper_slope"], g["upper_icpt"],
+                                           g["lower_slope"], g["lower_icpt"])
+        return [lA_in], [uA_in], l_bias, u_bias
+
     def _side(self, A, pos_slope, pos_icpt, neg_slope, neg_icpt):
         """pos * pos_line + neg * neg_line with pos = max(A, 0), neg = A - pos: one clamp,
-        and the bias terms summed in the program's order."""
+        and the bias terms summed in the program's order. Without gradients the step works
+        in place: the full-size temporaries are pos and the result alone (bits are those of
+        A * neg_slope + pos * (pos_slope - neg_slope), computed in that order)."""
         B, S = self._rows(A)
         pos = A.clamp(min=0)
-        A_in = A * neg_slope + pos * (pos_slope - neg_slope)
+        bias = None
+        if pos_icpt is not None:
+            bias = self._bias_dot(pos, pos_icpt, B, S)
+        if neg_icpt is not None:
+            term = self._bias_dot(A - pos, neg_icpt, B, S)
+            bias = term if bias is None else bias + term
+        A_in = A * neg_slope
+        step = pos_slope - neg_slope
+        if _differentiable(A, pos_slope, neg_slope, pos_icpt, neg_icpt) \
+                or A_in.shape != pos.shape:     # (a bias dot may keep pos for a gradient)
+            return A_in + pos * step, bias
+        pos.mul_(step)
+        return A_in.add_(pos), bias
+
+    def _side_patches(self, A: Patches, pos_slope, pos_icpt, neg_slope, neg_icpt):
+        """`_side` on rows in patches form; each line is (the full tensor, its values at the
+        windows) or None. The same elementwise steps; the bias terms summed over the windows
+        (`fast`) or over the dense rows (ordered summations: the dense bits)."""
+        B, S = self._rows(A)
+        values = A.values
+        pos = values.clamp(min=0)
         bias = None
         for coef, icpt in ((pos, pos_icpt), (None, neg_icpt)):
             if icpt is None:
                 continue
-            coef = A - pos if coef is None else coef
-            flat = icpt.reshape(icpt.shape[0], icpt.shape[1], math.prod(icpt.shape[2:]))
-            coef = coef.reshape(B, S, flat.shape[-1])
-            if getattr(self, "infinite_lines", False):
-                term = self._dot_infinite(coef, flat)
+            coef = values - pos if coef is None else coef
+            if self.order == "fast":
+                g = icpt[1]
+                n = math.prod(g.shape[2:])      # explicit sizes: a window may hold no neurons
+                term = self._icpt_dot(coef.reshape(B, S, n), g.reshape(g.shape[0], S, n))
             else:
-                term = self._dot(coef, flat)
+                term = A.with_values(coef).dense_map(
+                    lambda rows: self._bias_dot(rows, icpt[0], B, rows.shape[1]))
             bias = term if bias is None else bias + term
-        return A_in, bias
+        ns = neg_slope[1]
+        A_in = values * ns
+        step = pos_slope[1] - ns
+        if _differentiable(values, pos_slope[0], neg_slope[0], *(
+                line[0] for line in (pos_icpt, neg_icpt) if line is not None)) \
+                or A_in.shape != pos.shape:
+            return A.with_values(A_in + pos * step), bias
+        pos.mul_(step)
+        return A.with_values(A_in.add_(pos)), bias
+
+    def _bias_dot(self, coef, icpt, B, S):
+        flat = icpt.reshape(icpt.shape[0], icpt.shape[1], math.prod(icpt.shape[2:]))
+        return self._icpt_dot(coef.reshape(B, S, flat.shape[-1]), flat)
+
+    def _icpt_dot(self, coef, icpt):
+        """sum(coef * icpt) over the last axis: the node's own dot, or `_dot_infinite` for
+        kernels whose lines may not exist (`infinite_lines`)."""
+        if getattr(self, "infinite_lines", False):
+            return self._dot_infinite(coef, icpt)
+        return self._dot(coef, icpt)
 
     def _dot_infinite(self, coef, icpt):
         """sum(coef * icpt) where intercepts may be infinite (a line that does not exist: log
@@ -136,3 +209,9 @@ class ElementwiseRelaxation(Op):
             n_up = self._dot(up.to(coef.dtype), ones)
         part = torch.where(n_up > 0, torch.full_like(part, math.inf), part)
         return torch.where(n_down > 0, torch.full_like(part, -math.inf), part)
+
+
+def _differentiable(*tensors) -> bool:
+    """Whether autograd records through any of these (then nothing is done in place)."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                           for t in tensors)

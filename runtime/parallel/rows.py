@@ -54,12 +54,3 @@ def unit_rows(index: torch.Tensor, size: int, dtype=torch.float32, device=None) 
     eye = torch.zeros(len(index), size, dtype=dtype, device=device)
     eye[torch.arange(len(index), device=device), index.to(device)] = 1
     return eye
-
-
-def identity_rows(start: int, stop: int, size: int, dtype=torch.float32,
-                  device=None) -> torch.Tensor:
-    """Rows start..stop of the (size x size) identity, without building the whole identity."""
-    eye = torch.zeros(stop - start, size, dtype=dtype, device=device)
-    idx = torch.arange(stop - start, device=device)
-    eye[idx, idx + start] = 1
-    return eye

@@ -149,6 +149,8 @@ def _run_rank(directory: str, args) -> int:
         elapsed = time.perf_counter() - start
         memory = max_over_ranks(comm.all_gather_objects(verifier.network.ledger.report()))
         memory["predicted_peak_tracked_bytes"] = predicted_peak(verifier, comm, method, lb)
+        rows = verifier.network.rows_over_ranks(comm.all_gather_objects(
+            verifier.network.crown_rows))
         comm.barrier()
     if comm.rank != 0:
         return 0
@@ -163,7 +165,7 @@ def _run_rank(directory: str, args) -> int:
         result = {"method": method, "mode": verifier.plan["mode"], "world_size": comm.world,
                   "lower": lb.reshape(-1).tolist(), "upper": ub.reshape(-1).tolist(),
                   "bounds_sha256": digest, "threads": args.threads,
-                  "seconds": round(elapsed, 6), "memory": memory}
+                  "seconds": round(elapsed, 6), "memory": memory, "crown_rows": rows}
         from shardbound.runtime.program.interrupts import final_output
 
         with final_output() as ok:
@@ -184,7 +186,8 @@ def predicted_peak(verifier, comm, method: str, lb) -> int | None:
     pred = predict_peak(network_shapes(net), net.output.name, comm.world,
                         batch=lb.shape[0] if lb.dim() > 1 else 1, spec_rows=lb.shape[-1],
                         shard_rows=net.rows.enabled if fsdp else None, method=method,
-                        stream_chunk_bytes=stream_chunk_bytes(verifier.plan))
+                        stream_chunk_bytes=stream_chunk_bytes(verifier.plan),
+                        crown_rows=net.bounded_rows)
     return pred["peak_tracked_bytes"]
 
 

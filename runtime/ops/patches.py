@@ -1,0 +1,222 @@
+"""A-matrix rows in patches form: CROWN rows over a (C, H, W) node that are nonzero only in a
+window of its spatial grid.
+
+A backward pass that starts from one neuron of a convolutional node (an intermediate bound)
+touches, at every earlier spatial node, only that neuron's receptive field: a dense row of
+C*H*W entries is mostly zeros, and the transposed convolution of a dense A-matrix spends
+almost all its work on them. Here each row keeps its window only: `values` (B, S, C, ph, pw)
+and the window's top-left corner per row, `origin` (S, 2), in the node's grid. A window may
+reach past the grid's edges (padding); the entries there are kept at zero. All rows of one
+pass share the window size (they started alike and went through the same ops).
+
+Ops that declare the trait `accepts_patches` step patches to patches (a convolution's window
+grows by its kernel, an elementwise relaxation gathers its lines at the windows, a residual
+`add` scales them); the engine turns patches into dense rows (`to_dense`) before any other op,
+and when a window has grown to cover the grid.
+
+Bits: the values inside a window are computed by the same per-element operations as the dense
+rows' (a convolution's per-position contraction is the same vector product; the transposed
+convolution's scatter-add meets the same terms in the same order, the dense rows' other terms
+being zeros), so under the ordered summations (`blocked`, `exact`) every sum over a node's
+elements -- bias terms, the concretisation, a convolution's per-channel sums -- is taken over
+the dense rows (`to_dense`, transiently): the bounds keep the dense bits. `fast` sums over the
+windows.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+DENSE_CHUNK = 1 << 20      # elements of dense rows made at a time for an ordered sum
+
+
+class Patches:
+    """Rows of an A-matrix over a (C, H, W) node, each nonzero only in its window."""
+
+    def __init__(self, values: torch.Tensor, origin: torch.Tensor, node_shape):
+        self.values = values                    # (B, S, C, ph, pw)
+        self.origin = origin                    # (S, 2) long: (row, column) of the corner
+        self.node_shape = tuple(int(d) for d in node_shape)
+
+    # -- what the engine and the ledger ask of an A-matrix --------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The dense shape these rows stand for: (B, S, C, H, W)."""
+        return (*self.values.shape[:2], *self.node_shape)
+
+    @property
+    def window(self) -> tuple[int, int]:
+        return tuple(self.values.shape[-2:])
+
+    @property
+    def dtype(self):
+        return self.values.dtype
+
+    @property
+    def device(self):
+        return self.values.device
+
+    @property
+    def requires_grad(self) -> bool:
+        return self.values.requires_grad
+
+    def untyped_storage(self):
+        """The values' storage (the ledger counts what is held, not the dense size)."""
+        return self.values.untyped_storage()
+
+    def with_values(self, values: torch.Tensor, origin=None, node_shape=None) -> "Patches":
+        return Patches(values, self.origin if origin is None else origin,
+                       self.node_shape if node_shape is None else node_shape)
+
+    # -- construction -----------------------------------------------------------------------
+    @classmethod
+    def unit(cls, index: torch.Tensor, node_shape, dtype=torch.float32, device=None):
+        """The unit rows e_index (flat neuron indices) of a (C, H, W) node: 1x1 windows."""
+        C, H, W = node_shape
+        k = len(index)
+        index = index.to(device)
+        values = torch.zeros((1, k, C, 1, 1), dtype=dtype, device=device)
+        values[0, torch.arange(k, device=device), index // (H * W), 0, 0] = 1
+        return cls(values, torch.stack([(index // W) % H, index % W], dim=1), node_shape)
+
+    # -- geometry -------------------------------------------------------------------------------
+    def _coords(self):
+        """Grid rows (S, ph) and columns (S, pw) of every window position."""
+        ph, pw = self.window
+        dev = self.origin.device
+        return (self.origin[:, :1] + torch.arange(ph, device=dev),
+                self.origin[:, 1:] + torch.arange(pw, device=dev))
+
+    def inside(self) -> torch.Tensor:
+        """Bool (S, ph, pw): the window positions inside the grid."""
+        ys, xs = self._coords()
+        H, W = self.node_shape[1:]
+        return ((ys >= 0) & (ys < H))[:, :, None] & ((xs >= 0) & (xs < W))[:, None, :]
+
+    def _margins(self):
+        ys, xs = self._coords()
+        H, W = self.node_shape[1:]
+        S = self.origin.shape[0]
+        if S == 0:
+            return ys, xs, 0, 0, 0, 0
+        top, left = max(0, -int(ys.min())), max(0, -int(xs.min()))
+        bottom, right = max(0, int(ys.max()) - H + 1), max(0, int(xs.max()) - W + 1)
+        return ys, xs, top, bottom, left, right
+
+    def covers_grid(self) -> bool:
+        """Whether a window is as large as the grid (dense rows are then no bigger)."""
+        ph, pw = self.window
+        H, W = self.node_shape[1:]
+        return ph * pw >= H * W
+
+    def masked(self) -> "Patches":
+        """Entries outside the grid set to zero (after a step that filled them)."""
+        keep = self.inside()
+        if bool(keep.all()):
+            return self
+        v = self.values
+        return self.with_values(torch.where(keep[None, :, None], v, torch.zeros((), dtype=v.dtype,
+                                                                                device=v.device)))
+
+    # -- conversions --------------------------------------------------------------------------
+    def gather(self, t: torch.Tensor) -> torch.Tensor:
+        """A per-sample tensor over the node ((Bt, C, H, W), (Bt, 1, C, H, W) or anything that
+        broadcasts to it) at every row's window: (Bt, S, C, ph, pw), zeros outside the grid."""
+        return self.gather_many([t])[0]
+
+    def gather_many(self, tensors) -> list[torch.Tensor]:
+        """`gather` of several tensors at once (one indexing pass over all of them)."""
+        C, H, W = self.node_shape
+        parts = []
+        for t in tensors:
+            t = torch.as_tensor(t, dtype=self.dtype, device=self.device)
+            t = t.reshape((1,) * max(0, 5 - t.dim()) + tuple(t.shape))
+            if t.dim() != 5 or t.shape[1] != 1:
+                raise ValueError(f"cannot gather a tensor of shape {tuple(t.shape)} at patches")
+            parts.append(t.expand(t.shape[0], 1, C, H, W)[:, 0])
+        sizes = [p.shape[0] for p in parts]
+        t = parts[0] if len(parts) == 1 else torch.cat(parts)
+        ph, pw = self.window
+        _, _, top, bottom, left, right = self._margins()
+        if top or bottom or left or right:
+            t = F.pad(t, (left, right, top, bottom))
+        # every window of the (padded) grid as a view, then the rows' windows picked out
+        views = t.unfold(2, ph, 1).unfold(3, pw, 1)              # (Bt, C, H', W', ph, pw)
+        g = views[:, :, self.origin[:, 0] + top, self.origin[:, 1] + left]  # (Bt, C, S, ph, pw)
+        return list(g.transpose(1, 2).split(sizes))
+    def to_dense(self) -> torch.Tensor:
+        """The rows as a dense (B, S, C, H, W) tensor (zeros outside the windows)."""
+        B, S, C, ph, pw = self.values.shape
+        H, W = self.node_shape[1:]
+        ys, xs = self._coords()
+        out = self.values.new_zeros((B, S, C, H, W))
+        keep = self.inside()                                       # (S, ph, pw)
+        rows = torch.arange(S, device=self.origin.device)[:, None, None].expand(S, ph, pw)
+        ys, xs = ys[:, :, None].expand(S, ph, pw), xs[:, None, :].expand(S, ph, pw)
+        # windows lie inside the grid apart from zero entries: write the inside ones only
+        out.permute(1, 3, 4, 0, 2)[rows[keep], ys[keep], xs[keep]] = \
+            self.values.permute(1, 3, 4, 0, 2)[keep]
+        return out
+
+    def dense_map(self, fn, chunk_elements: int = DENSE_CHUNK) -> torch.Tensor:
+        """cat over row chunks of fn(dense rows (B, s, C, H, W)) along dim 1: a sum over the
+        node's elements in the dense rows' order without holding all dense rows at once
+        (every kernel's rows are independent, so chunking changes no bit)."""
+        S = self.values.shape[1]
+        step = max(1, chunk_elements // max(1, math.prod(self.node_shape)))
+        if step >= S:
+            return fn(self.to_dense())
+        parts = [fn(Patches(self.values[:, s0:s0 + step], self.origin[s0:s0 + step],
+                            self.node_shape).to_dense()) for s0 in range(0, S, step)]
+        return torch.cat(parts, dim=1)
+
+    def flat(self) -> torch.Tensor:
+        """(B, S, C*ph*pw): the values as rows (for sums over the windows, `fast`)."""
+        B, S = self.values.shape[:2]
+        return self.values.reshape(B, S, -1)
+
+    # -- arithmetic the engine and the linear ops use -----------------------------------------
+    def __mul__(self, c):
+        if isinstance(c, (int, float)):
+            return self.with_values(self.values * c)
+        return NotImplemented
+
+    __rmul__ = __mul__
+
+    def __add__(self, other):
+        if isinstance(other, torch.Tensor):
+            return self.to_dense() + other
+        if not isinstance(other, Patches) or other.node_shape != self.node_shape:
+            return NotImplemented
+        if self.window == other.window and torch.equal(self.origin, other.origin):
+            return self.with_values(self.values + other.values)
+        shift = other.origin - self.origin
+        if shift.shape[0] == 0 or not bool((shift == shift[:1]).all()):
+            return self.to_dense() + other.to_dense()   # windows not at one offset per row
+        dy, dx = (int(d) for d in shift[0])
+        (ph, pw), (qh, qw) = self.window, other.window
+        y0, x0 = min(0, dy), min(0, dx)
+        h, w = max(ph, dy + qh) - y0, max(pw, dx + qw) - x0
+        a = F.pad(self.values, (-x0, w - pw + x0, -y0, h - ph + y0))
+        b = F.pad(other.values, (dx - x0, w - qw - dx + x0, dy - y0, h - qh - dy + y0))
+        out = Patches(a + b, self.origin + torch.tensor([y0, x0], device=self.origin.device),
+                      self.node_shape)
+        return out.to_dense() if out.covers_grid() else out
+
+    def __radd__(self, other):
+        if isinstance(other, torch.Tensor):
+            return other + self.to_dense()
+        return NotImplemented
+
+
+def dense(A):
+    """A as a dense tensor (patches turned dense; anything else as it is)."""
+    return A.to_dense() if isinstance(A, Patches) else A
+
+
+def numel(A) -> int:
+    return math.prod(A.shape)
