@@ -100,7 +100,7 @@ class Conv2d(Op):
         cols = cols.transpose(1, 2).contiguous()                        # (B, L, C*kh*kw)
         y = self._group_matmul(cols, w.reshape(Cout, w.shape[1] * kh * kw), w.shape[1] * kh * kw)
         y = y.transpose(1, 2).reshape(x_padded.shape[0], Cout, Ho, Wo)
-        return y + b.reshape(1, -1, 1, 1) if b is not None else y.contiguous()
+        return y + b.reshape(1, b.numel(), 1, 1) if b is not None else y.contiguous()
 
     def _out_hw(self, x_padded, w):
         kh, kw = w.shape[2:]

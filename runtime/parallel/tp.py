@@ -242,7 +242,7 @@ class RowConv(ZoneOp, Conv2d):
         y = self.red.matmul(cols, w.reshape(Cout, -1).contiguous(), kh * kw)
         y = y.transpose(1, 2).reshape(x.shape[0], Cout, Ho, Wo)
         b = self.param("bias") if with_bias else None
-        return y + b.reshape(1, -1, 1, 1) if b is not None else y.contiguous()
+        return y + b.reshape(1, b.numel(), 1, 1) if b is not None else y.contiguous()
 
     def backward_linear(self, A):
         if self.red.local and not A.requires_grad:
