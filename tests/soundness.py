@@ -77,10 +77,11 @@ def assert_sound(forward, lower, upper, lb, ub, C=None, n=10000, seed=0, label="
     return values
 
 
-def attack_min(forward, lo, hi, C, generator):
-    """The lowest value of C f(x) (one row) that sampling and PGD find in the box: an upper
-    estimate of the true minimum. forward: (N, n_in) -> (N, n_out) flattened."""
-    x = sample_box(lo, hi, 20000, generator)
+def attack_min(forward, lo, hi, C, generator, n=20000):
+    """The lowest value of C f(x) (one row) that sampling and PGD (from all n + 256 points)
+    find in the box: an upper estimate of the true minimum. forward: (N, n_in) -> (N, n_out)
+    flattened."""
+    x = sample_box(lo, hi, n, generator)
     x = torch.cat([x, lo + torch.rand(256, lo.numel(), generator=generator) * (hi - lo)])
     x = x.requires_grad_()
     for i in range(80):
