@@ -285,7 +285,8 @@ def test_tp_user_errors(tmp_path, capsys):
     assert code == 2 and err.startswith("error: --mode tp does not support --summation exact")
     assert len(err.strip().splitlines()) == 1
     code, err = _cli(["inspect", m, "--mode", "tp", "--nproc", "0"], capsys)
-    assert code == 2 and "--nproc must be at least 1" in err
+    assert code == 2 and "--nproc" in err and "expected a positive integer, got '0'" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 

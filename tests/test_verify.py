@@ -14,6 +14,7 @@ import torch
 import zoo
 from conftest import shared_path
 from soundness import attack_min
+from shardbound.runtime.verification.stages import LABELS
 
 
 def _write_property(path, lower, upper, rows, d):
@@ -177,4 +178,4 @@ def test_relu_split_verdict_single_and_fsdp(tmp_path):
         res = _verify([str(path), str(tmp_path / "p.vnnlib"), "--timeout", "100", *extra])
         assert res.returncode == 0, res.stderr
         assert res.stdout.splitlines()[0] == "unsat", (extra, res.stdout)
-        assert "relu-split" in res.stdout
+        assert LABELS["relu-split"] in res.stdout      # the final line names the stage

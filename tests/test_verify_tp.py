@@ -130,7 +130,9 @@ def _run(tmp, path, vnnlib, tag, *args):
 def test_tp_verdicts_are_sound_with_zones_split_over_ranks(verdict_models, which):
     tmp, models = verdict_models
     path, model, row, props, sampled_min = models[which]
-    split = "input-split" if which == "inputs" else "relu-split"
+    from shardbound.runtime.verification.stages import LABELS
+
+    split = LABELS["input-split" if which == "inputs" else "relu-split"]   # the final line
     for prop, d in props.items():
         vnnlib = str(tmp / f"{which}_{prop}.vnnlib")
         single, _ = _run(tmp, path, vnnlib, f"{which}_{prop}_single", "--summation", "fast")

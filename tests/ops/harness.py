@@ -6,8 +6,9 @@ makes the tests every family file runs on its cases.
   for each opset the case lists (one per registered since-version: test_coverage.py checks
   that every registered (op, version) has a case);
 - soundness (at the case's first opset: the variants differ in lowering, not in the kernel):
-  IBP, CROWN and alpha-CROWN bounds contain 10,000 sampled outputs (a quarter on
-  box corners) and a projected-gradient search's, on boxes of every kind (narrow, wide,
+  IBP, CROWN and alpha-CROWN bounds (the default `blocked` build) contain 10,000 sampled
+  outputs (a quarter on box corners) and a projected-gradient search's (evaluated by the
+  case's `fast` build, which check_forward compares with the blocked one), on boxes of every kind (narrow, wide,
   crossing the kinks, deep in saturated regions, degenerate coordinates with lower == upper;
   for ops with a domain, the same kinds inside x > 0 or x < 0: `OpCase.domain`);
   CROWN's bounds are never looser than IBP's and alpha-CROWN's lower bounds never below
@@ -207,13 +208,21 @@ def check_forward(case: OpCase, opset: int) -> None:
             want = np.asarray(ref({name: x})).reshape(-1)
             np.testing.assert_allclose(got, want, rtol=case.rtol, atol=case.atol,
                                        err_msg=f"{case.id(opset)} vs {ref_name} ({kind} input)")
+        if opset == case.opsets[0]:         # the `fast` build that evaluates the witnesses
+            fast = compiled(case, opset, summation="fast")[0].forward(torch.from_numpy(x))
+            np.testing.assert_allclose(fast.numpy().reshape(-1), got, rtol=case.rtol,
+                                       atol=case.atol, err_msg=f"{case.id(opset)}: fast vs blocked")
 
 
 def check_sound(case: OpCase, opset: int, kind: str) -> None:
     verifier, _ = compiled(case, opset)
     rng = np.random.default_rng(zlib.crc32(f"{case.name}/{kind}".encode()))
     lo, hi = make_box(kind, rng, verifier.input_shape, case.scale, case.domain)
-    values = witness_values(flat_forward(verifier), torch.from_numpy(lo), torch.from_numpy(hi))
+    # The witnesses (10,000 samples and a PGD search) are evaluated by the same network built
+    # with `fast` sums: the orders differ by rounding only (REL_TOL; check_forward compares the
+    # two builds), and the blocked im2col kernels took 1.5 s a box for them.
+    sampler, _ = compiled(case, opset, summation="fast")
+    values = witness_values(flat_forward(sampler), torch.from_numpy(lo), torch.from_numpy(hi))
     results = {}
     for method in case.methods:
         lb, ub = verifier.bounds(lo, hi, method=method)

@@ -296,11 +296,14 @@ def _adjoint_and_rows(op, in_shapes, order_rows=((0, 1), (1, 4), (4, 6))):
     if bias is not None:
         rhs = rhs + bias.double()
     assert torch.allclose(lhs, rhs, atol=1e-4)
+    # Row independence is bitwise under the ordered summations; `fast` takes bias terms as one
+    # BLAS product over all rows (numerics/contract.py), whose bits may depend on the row count.
+    same = torch.equal if op.order != "fast" else (lambda x, y: torch.allclose(x, y, atol=1e-5))
     for a, b in order_rows:
         part, pbias = op.backward_linear(A[:, a:b].contiguous())
         for p, full in zip(part, A_in):
             assert torch.equal(p, full[:, a:b])
-        assert (pbias is None) == (bias is None) and (bias is None or torch.equal(pbias, bias[:, a:b]))
+        assert (pbias is None) == (bias is None) and (bias is None or same(pbias, bias[:, a:b]))
 
 
 @pytest.mark.parametrize("order", ["fast", "blocked", "exact"])
