@@ -48,3 +48,14 @@ def random_box(rng, shape, radius=0.1, center_scale=1.0):
     center = rng.uniform(-center_scale, center_scale, size=shape).astype(np.float32)
     r = rng.uniform(0.2 * radius, radius, size=shape).astype(np.float32)
     return center - r, center + r
+
+
+def pytest_collection_modifyitems(config, items):
+    """Work units for `pytest -n 2 --dist loadgroup` (pyproject.toml addopts): every test that
+    starts a job of several processes in one group, run one after another on one worker (two
+    jobs of 2-4 ranks at once would oversubscribe the two cores, and the timeout tests would
+    measure the contention), every other test file a group of its own (its module fixtures,
+    such as compiled programs, built once)."""
+    for item in items:
+        group = "multirank" if item.get_closest_marker("multirank") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))

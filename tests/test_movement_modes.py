@@ -43,6 +43,7 @@ def branching_cnn(rng):
     return b.build(b.gemm(b.relu(b.gemm(f, 112, 64)), 64, 5)), b.input_shape
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("summation", ["blocked"])
 def test_branching_graph_fsdp_bitwise_single(tmp_path, summation):
     model, shape = branching_cnn(np.random.default_rng(3))

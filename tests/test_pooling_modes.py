@@ -18,6 +18,7 @@ def _assert_bitwise(pairs, single, got, label):
             assert got[(other["dir"], m)]["sha"] == single[(s["dir"], m)]["sha"], (label, name, m)
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("mode,models,options", [
     ("fsdp", ("maxpool_cnn", "pad_avgpool_cnn"), {}),
     ("tp", ("tp_maxpool_cnn", "tp_pad_cnn"), {"tp_intermediate": "crown"}),

@@ -69,8 +69,7 @@ def maximise(objective: Callable[[bool], torch.Tensor], groups: list[ParamGroup]
     feasible parameter gives a valid bound). In a sharded run it must answer alike on every
     rank (the budget's answer is a collective)."""
     params = [g for g in groups if g.tensors]
-    opt = torch.optim.Adam([{"params": g.tensors, "lr": g.lr} for g in params], foreach=False) \
-        if params else None
+    opt = Adam([(g.tensors, g.lr) for g in params]) if params else None
     best = start.clone() if start is not None else None
     for it in range(iterations + 1):
         last = it == iterations
@@ -93,3 +92,41 @@ def maximise(objective: Callable[[bool], torch.Tensor], groups: list[ParamGroup]
             for g in params:
                 g.project()
     return best
+
+
+class Adam:
+    """Adam (betas 0.9 / 0.999, eps 1e-8, no weight decay), the arithmetic of torch.optim.Adam's
+    single-tensor path step for step (tests/test_intermediate_alpha.py checks the bits). Not
+    torch.optim itself: constructing a torch optimizer imports torch._dynamo, 0.9 s on an idle
+    core and 6-11 s on a loaded one, paid by every process that runs alpha-CROWN once (every
+    rank of every job)."""
+
+    def __init__(self, groups, betas=(0.9, 0.999), eps=1e-8):
+        self.groups = [(list(tensors), float(lr)) for tensors, lr in groups]
+        self.betas, self.eps = betas, eps
+        self.state: dict[int, tuple] = {}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for tensors, _ in self.groups:
+            for p in tensors:
+                p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        beta1, beta2 = self.betas
+        for tensors, lr in self.groups:
+            for p in tensors:
+                if p.grad is None:
+                    continue
+                key = id(p)
+                if key not in self.state:
+                    self.state[key] = (0, torch.zeros_like(p), torch.zeros_like(p))
+                step, exp_avg, exp_avg_sq = self.state[key]
+                step += 1
+                self.state[key] = (step, exp_avg, exp_avg_sq)
+                grad = p.grad
+                exp_avg.lerp_(grad, 1 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                step_size = lr / (1 - beta1 ** step)
+                denom = (exp_avg_sq.sqrt() / (1 - beta2 ** step) ** 0.5).add_(self.eps)
+                p.addcdiv_(exp_avg, denom, value=-step_size)

@@ -357,6 +357,7 @@ def test_prelu_curvature_is_checked_against_the_slopes():
 ZOO_METHODS = ["ibp", "crown", "alpha-crown"]
 
 
+@pytest.mark.multirank
 def test_zoo_fsdp_and_tp_bitwise_equal_single_on_two_ranks(tmp_path):
     """leaky_residual and clip_abs_mlp under fsdp, and tp --tp-intermediate crown on a zone
     of LeakyRelu -> PRelu -> Max (per-neuron slopes and constants, 520 channels: each rank

@@ -241,6 +241,7 @@ def multirank(tmp_path_factory):
     return pairs, single, runs
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("mode", ["fsdp", "tp"])
 def test_multirank_bitwise_single(multirank, mode):
     pairs, single, runs = multirank
