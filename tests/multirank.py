@@ -104,3 +104,21 @@ def compile_pairs(tmp, cases, mode: str, summation: str = "blocked", **options) 
                            **options)
         pairs.append((name, box_entry(single, lo, hi), box_entry(other, lo, hi)))
     return pairs
+
+
+def run_pairs(tmp, pairs, methods, worlds) -> tuple[dict, dict]:
+    """The single-mode programs of `pairs` (compile_pairs' triples) in one in-process job and
+    the other programs in one job per world size: (single results, {P: results})."""
+    single = run_job(tmp, [s for _, s, _ in pairs], methods, 1, tag="single")
+    runs = {P: run_job(tmp, [m for _, _, m in pairs], methods, P, tag="ranks") for P in worlds}
+    return single, runs
+
+
+def assert_pairs_bitwise(pairs, single, runs, methods, label=()) -> None:
+    """Every pair's sharded bounds (bounds_sha256) equal its single-mode program's, for every
+    world size in `runs` and every method."""
+    for P, got in runs.items():
+        for name, s, m in pairs:
+            for method in methods:
+                assert got[(m["dir"], method)]["sha"] == single[(s["dir"], method)]["sha"], \
+                    (name, *label, method, P)

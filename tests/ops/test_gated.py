@@ -228,28 +228,23 @@ def multirank(tmp_path_factory):
     of 520 channels, a replicated Gelu after it) in fsdp and tp (--tp-intermediate crown), each
     next to its single-mode program; one job each on P = 2, 3 and 4 ranks runs both (P = 4:
     one rank holds no block of the zone, so every kernel also meets empty slices)."""
-    from multirank import compile_pairs, run_job, zoo_cases
+    from multirank import compile_pairs, run_pairs, zoo_cases
 
     tmp = tmp_path_factory.mktemp("gated_multirank")
     cases = zoo_cases(tmp, ("tp_smooth_chain",), seed=5, radius=0.2)
     pairs = {"fsdp": compile_pairs(tmp, cases, "fsdp"),
              "tp": compile_pairs(tmp, cases, "tp", tp_intermediate="crown")}
-    every = pairs["fsdp"] + pairs["tp"]
-    single = run_job(tmp, [s for _, s, _ in every], MULTIRANK_METHODS, 1, tag="single")
-    runs = {P: run_job(tmp, [m for _, _, m in every], MULTIRANK_METHODS, P, tag="ranks")
-            for P in (2, 3, 4)}
+    single, runs = run_pairs(tmp, pairs["fsdp"] + pairs["tp"], MULTIRANK_METHODS, (2, 3, 4))
     return pairs, single, runs
 
 
 @pytest.mark.multirank
 @pytest.mark.parametrize("mode", ["fsdp", "tp"])
 def test_multirank_bitwise_single(multirank, mode):
+    from multirank import assert_pairs_bitwise
+
     pairs, single, runs = multirank
-    for P, got in runs.items():
-        for name, s, m in pairs[mode]:
-            for method in MULTIRANK_METHODS:
-                assert got[(m["dir"], method)]["sha"] == single[(s["dir"], method)]["sha"], \
-                    (name, mode, method, P)
+    assert_pairs_bitwise(pairs[mode], single, runs, MULTIRANK_METHODS, label=(mode,))
 
 
 def test_tp_zone_holds_the_smooth_chain(tmp_path):

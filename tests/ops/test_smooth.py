@@ -355,28 +355,24 @@ def multirank(tmp_path_factory):
     """fsdp programs of the Sigmoid and Tanh MLPs and a tp program (--tp-intermediate crown)
     of a Sigmoid inside a Megatron zone, each next to its single-mode program; one job on
     P = 2 and one on P = 3 ranks run all of them (process launches are the cost)."""
-    from multirank import compile_pairs, run_job, zoo_cases
+    from multirank import compile_pairs, run_pairs, zoo_cases
 
     tmp = tmp_path_factory.mktemp("smooth_multirank")
     fsdp = compile_pairs(tmp, zoo_cases(tmp, FSDP_MODELS, seed=11, radius=0.2), "fsdp")
     tp = compile_pairs(tmp, zoo_cases(tmp, ("tp_sigmoid",), seed=5, radius=0.2), "tp",
                        tp_intermediate="crown")
     pairs = {"fsdp": fsdp, "tp": tp}
-    single = run_job(tmp, [s for _, s, _ in fsdp + tp], MULTIRANK_METHODS, 1, tag="single")
-    runs = {P: run_job(tmp, [m for _, _, m in fsdp + tp], MULTIRANK_METHODS, P, tag="ranks")
-            for P in (2, 3)}
+    single, runs = run_pairs(tmp, fsdp + tp, MULTIRANK_METHODS, (2, 3))
     return pairs, single, runs
 
 
 @pytest.mark.multirank
 @pytest.mark.parametrize("mode", ["fsdp", "tp"])
 def test_multirank_bitwise_single(multirank, mode):
+    from multirank import assert_pairs_bitwise
+
     pairs, single, runs = multirank
-    for P, got in runs.items():
-        for name, s, m in pairs[mode]:
-            for method in MULTIRANK_METHODS:
-                assert got[(m["dir"], method)]["sha"] == single[(s["dir"], method)]["sha"], \
-                    (name, method, P)
+    assert_pairs_bitwise(pairs[mode], single, runs, MULTIRANK_METHODS, label=(mode,))
 
 
 def test_tp_zone_holds_the_sigmoid(tmp_path):
