@@ -25,6 +25,7 @@ import onnx
 import pytest
 
 import zoo
+from test_vnncomp_scripts import _write_property     # the one VNN-LIB writer of one row
 
 pytestmark = pytest.mark.multirank
 
@@ -32,16 +33,6 @@ SHARDBOUND = [sys.executable, "-m", "shardbound.compiler.cli"]
 HARD_SIZES = (20, 48, 48, 48, 2)     # > 16 inputs: ReLU splitting, 144 ReLUs on a wide box
 HARD_SEED = 7
 HARD_THRESHOLD = -2.0                # y0 - y1 >= -1.25 wherever PGD looked; CROWN: -24.4
-
-
-def _write_property(path, lower, upper, row, d):
-    lines = [f"(declare-const X_{i} Real)" for i in range(len(lower))]
-    lines += [f"(declare-const Y_{j} Real)" for j in range(len(row))]
-    for i, (lo, hi) in enumerate(zip(lower, upper)):
-        lines += [f"(assert (>= X_{i} {float(lo)!r}))", f"(assert (<= X_{i} {float(hi)!r}))"]
-    terms = " ".join(f"(* {float(c)!r} Y_{j})" for j, c in enumerate(row) if c != 0)
-    lines.append(f"(assert (<= (+ {terms} 0.0) {float(d)!r}))")
-    path.write_text("\n".join(lines) + "\n")
 
 
 @pytest.fixture(scope="module")
