@@ -68,11 +68,12 @@ def _two_unsupported() -> onnx.ModelProto:
 
 
 def _square() -> onnx.ModelProto:
-    """A product of two computed tensors that no pattern fuses (h * h is a power, and
-    h * sigmoid(h) silu: both compile)."""
+    """A MatMul with a constant batch of matrices (products of two computed tensors
+    compile: the bilinear family)."""
     b = zoo.Builder(np.random.default_rng(0), (4,))
     h = b.gemm("x", 4, 3)
-    return b.build(b.op("Mul", [h, b.op("Exp", [h])], name="square_me"))
+    w = b.const(np.ones((2, 3, 3), np.float32))
+    return b.build(b.op("MatMul", [h, w], name="square_me"))
 
 
 def _dynamic() -> onnx.ModelProto:
@@ -168,8 +169,8 @@ CASES = {
                           ["missing.onnx"]),
     "dynamic_input_dim": (COMPILE + ["dynamic.onnx", "-o", "out_dynamic"],
                           ["dynamic.onnx", "'images'", "axis 1"]),
-    "product_of_computed": (COMPILE + ["square.onnx", "-o", "out_square"],
-                            ["square.onnx", "'square_me'", "Mul"]),
+    "batched_constant_matmul": (COMPILE + ["square.onnx", "-o", "out_square"],
+                                ["square.onnx", "'square_me'", "MatMul"]),
     "box_lower_too_short": (SHARDBOUND + ["run", "prog", "--box", "short_lower.json"],
                             ["short_lower.json", "'lower'", "5", "6"]),
     "box_lower_above_upper": (_program("prog") + ["--box", "crossed.json"],

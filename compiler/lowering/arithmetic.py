@@ -4,7 +4,8 @@ before it), sums of computed tensors and constants (-> `add`: Add, Sub, Sum) and
 constant condition (a select: x * c + y * (1 - c), exact for c in {0, 1}). A product of two
 computed tensors goes to the product patterns other families register (`register_product`:
 x * sigmoid(x) is silu), a division by one to their quotient patterns (`register_quotient`:
-c / x is a reciprocal).
+c / x is a reciprocal); what none of them takes is a general product (the bilinear family:
+McCormick planes; a / b as a * reciprocal(b)).
 
 Broadcasting is ONNX's (numpy's) on either side: a constant or another operand that grows a
 computed tensor first expands it (a `move`, compiler/lowering/movement.py), so the affine
@@ -15,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from shardbound.compiler.lowering import lower_product, lower_quotient, register
+from shardbound.compiler.lowering.bilinear import lower_product_xy, lower_quotient_xy
 from shardbound.compiler.lowering.movement import expand_to
 
 
@@ -110,19 +112,19 @@ def lower_mul(ctx, node):
     if not isinstance(other, np.ndarray):
         if lower_product(ctx, node, x, other):      # x * sigmoid(x), x * x, ...
             return
-        raise ctx.error("the product of two computed tensors is not linear and is not "
-                        "supported; only multiplication by constants (and the forms of x * f(x) "
-                        "that fuse: silu, gelu, hardswish, powers)")
+        lower_product_xy(ctx, node, x, other)       # McCormick (the bilinear family)
+        return
     _affine(ctx, node.outputs[0], x, scale=other)
 
 
 @register("Div", since=1)
 def lower_div(ctx, node):
     if not ctx.is_const(node.inputs[1]):
-        if lower_quotient(ctx, node, ctx.value(node.inputs[0]), ctx.computed(node.inputs[1])):
+        a, b = ctx.value(node.inputs[0]), ctx.computed(node.inputs[1])
+        if lower_quotient(ctx, node, a, b):
             return                                  # c / x, x / (1 + |x|), ...
-        raise ctx.error("division by a computed tensor is not supported; only x / constant "
-                        "(and c / x, x / (1 + |x|))")
+        lower_quotient_xy(ctx, node, a, b)          # a * reciprocal(b)
+        return
     x = ctx.computed(node.inputs[0])
     c = ctx.const(node.inputs[1], "divisor").astype(np.float64)
     if np.any(c == 0):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from shardbound.compiler.lowering import register
+from shardbound.compiler.lowering.bilinear import lower_matmul_xy
 from shardbound.compiler.lowering.layout import permute
 
 
@@ -76,9 +77,9 @@ def lower_matmul(ctx, node):
         _constant_left(ctx, node)
         return
     x = ctx.computed(node.inputs[0], "input A")
-    if not ctx.is_const(node.inputs[1]):
-        raise ctx.error("the product of two computed tensors is not linear and is not "
-                        "supported; only products with a constant")
+    if not ctx.is_const(node.inputs[1]):            # X @ Y: the bilinear family
+        lower_matmul_xy(ctx, node, x, ctx.computed(node.inputs[1], "input B"))
+        return
     W = _weight(ctx, node, 1)
     full = x.full_shape
     K = W.shape[0]

@@ -258,8 +258,7 @@ def test_products_of_powers_fuse(tmp_path):
     assert ("pow", 3.0) in cube and ("pow", 2.0) not in cube     # the square is dropped
     assert ("pow", 3.0) in ops(lambda b: b.op("Mul", [b.op("Mul", ["x", b.const(np.float32(2))]),
                                                       b.op("Pow", ["x", b.const(np.float32(2))])]))
-    with pytest.raises(ShardboundError, match="product of two computed tensors"):
-        ops(lambda b: b.op("Mul", [b.op("Exp", ["x"]), b.op("Sin", ["x"])]))
+    assert ("product", None) in ops(lambda b: b.op("Mul", [b.op("Exp", ["x"]), b.op("Sin", ["x"])]))
 
 
 def test_alpha_crown_beats_crown_on_the_zoo(tmp_path):
