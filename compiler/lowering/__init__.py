@@ -119,4 +119,4 @@ def find_handler(op_type: str, opset: int, domain: str = "") -> Handler | None:
 # Register every op family (imported for their side effect on _REGISTRY).
 from shardbound.compiler.lowering import (activation, arithmetic, bilinear, constants, conv,  # noqa: E402,F401
                                            exponential, gated, layout, linear, movement,
-                                           periodic, pooling, reduction, smooth)
+                                           periodic, pooling, reduction, smooth, softmax)

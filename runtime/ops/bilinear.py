@@ -191,9 +191,17 @@ class MatmulXY(_Product):
         return torch.stack(out)
 
     def forward(self, x, y):
+        """Under the ordered sums each output is the ordered sum of its K float32 products,
+        (a sum_last: one kernel call per chunk of samples, whatever the batch: attacks and
+        sampling forward thousands of points); `fast` is torch.matmul."""
         if self.order == "fast":
             return torch.matmul(x, y)
-        return self._groups(x, y, lambda X, Y: contract.matmul(X, Y.t().contiguous(), self.order))
+        yt = y.transpose(-1, -2)
+        step = max(1, (1 << 22) // max(1, math.prod(self.shape) * x.shape[-1]))
+        parts = [contract.sum_last((x[i:i + step].unsqueeze(-2) * yt[i:i + step].unsqueeze(-3)
+                                    ).contiguous(), self.order)
+                 for i in range(0, x.shape[0], step)]
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def ibp(self, bx, by):
         (xl, xu), (yl, yu) = bx, by

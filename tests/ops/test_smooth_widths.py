@@ -22,15 +22,18 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import test_bilinear  # noqa: E402
 import test_exponential  # noqa: E402
 import test_gated  # noqa: E402
 import test_periodic  # noqa: E402
 import test_smooth  # noqa: E402
+import test_softmax  # noqa: E402
 from harness import compiled, flat_forward  # noqa: E402
 from soundness import REL_TOL, assert_within, witness_values  # noqa: E402
 
-CASES = [c for module in (test_smooth, test_exponential, test_periodic, test_gated)
-         for c in module.CASES if "_x" not in c.name]
+CASES = [c for module in (test_smooth, test_exponential, test_periodic, test_gated,
+                          test_bilinear, test_softmax)
+         for c in module.CASES if "_x" not in c.name and c.boxes]
 WIDTHS = (1e-6, 1e3)
 
 
