@@ -208,7 +208,14 @@ class _SoftmaxFamily(Op):
 
     def crown_backward(self, lA, uA, in_bounds, alpha=None):
         lo, hi = in_bounds[0]
-        aL, cL, aU, cU = self.lines(lo, hi)
+        # Every backward pass through this node in one bound computation meets the same
+        # bound tensors: their lines are made once (kept with the tensors they came from).
+        cached = getattr(self, "_lines_of", None)
+        if cached is not None and cached[0] is lo and cached[1] is hi:
+            aL, cL, aU, cU = cached[2]
+        else:
+            aL, cL, aU, cU = self.lines(lo, hi)
+            self._lines_of = (lo, hi, (aL, cL, aU, cU))
         lA_in, l_bias = self._side(lA, aL, cL, aU, cU, -math.inf)
         if uA is None:
             return [lA_in], [None], l_bias, None
@@ -226,10 +233,16 @@ class _SoftmaxFamily(Op):
         both = torch.cat([pos, neg], dim=-1)                        # (B, S, R, 2n)
         slopes = torch.cat([pos_a.transpose(-1, -2), neg_a.transpose(-1, -2)], dim=-1)
         slopes = slopes.reshape(slopes.shape[0], R, n, 2 * n)       # [j, (i | n + i)]
-        rows = [torch.stack([contract.matmul(both[b, :, r], slopes[min(b, slopes.shape[0] - 1), r],
-                                             self.order) for r in range(R)], dim=1)
-                for b in range(B)]
-        A_in = torch.stack(rows).reshape(B, S, *self.shape)
+        if self.order == "fast":
+            A_in = torch.matmul(both.transpose(1, 2), slopes.transpose(-1, -2)
+                                .expand(B, R, 2 * n, n)).transpose(1, 2)
+        else:
+            rows = [torch.stack([contract.matmul(both[b, :, r],
+                                                 slopes[min(b, slopes.shape[0] - 1), r],
+                                                 self.order) for r in range(R)], dim=1)
+                    for b in range(B)]
+            A_in = torch.stack(rows)
+        A_in = A_in.reshape(B, S, *self.shape)
         icpt = torch.cat([pos_c.reshape(-1, R, n), neg_c.reshape(-1, R, n)], dim=-1)
         finite = torch.isfinite(icpt)
         flat = both.reshape(B, S, R * 2 * n)
