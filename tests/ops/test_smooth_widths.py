@@ -33,7 +33,9 @@ from soundness import REL_TOL, assert_within, witness_values  # noqa: E402
 
 CASES = [c for module in (test_smooth, test_exponential, test_periodic, test_gated,
                           test_bilinear, test_softmax)
-         for c in module.CASES if "_x" not in c.name and c.boxes]
+         for c in module.CASES if "_x" not in c.name and c.boxes
+         and c.name not in ("mul_computed", "div_computed", "log_softmax_last")]
+# (matmul's planes are mul's and div's; log_softmax's lines alone: tests/ops/test_softmax.py)
 WIDTHS = (1e-6, 1e3)
 
 
