@@ -3,8 +3,8 @@
 Usage:
     python bench/bounds.py [--repeat N] [--threads T] [--models a,b,...]
 
-Models: every model of the test zoo (tests/zoo.py: ZOO and the op-family models of OP_ZOO,
-box of radius 0.05 around a seeded random center), plus two real VNN-COMP 2021 networks from ../shared/benchmarks when that folder is
+Models: every model of the test zoo (tests/zoo.py: ZOO, the op-family models of OP_ZOO and
+the torch-exported TORCH_ZOO: the tiny ViT), box of radius 0.05 around a seeded random center), plus two real VNN-COMP 2021 networks from ../shared/benchmarks when that folder is
 there (ACAS Xu 1_1 with prop_1's box, mnist-net_256x2 with prop_0_0.03's box).
 
 Per model it reports: IR nodes and parameters of the compiled graph, the full compile_model
@@ -173,7 +173,9 @@ def main(argv=None) -> int:
         ap.error("--repeat and --threads must be at least 1")
 
     torch.set_num_threads(args.threads)
-    all_names = sorted(zoo.ZOO) + sorted(getattr(zoo, "OP_ZOO", {})) + list(REAL)
+    built = {**zoo.ZOO, **getattr(zoo, "OP_ZOO", {}), **getattr(zoo, "TORCH_ZOO", {})}
+    all_names = (sorted(zoo.ZOO) + sorted(getattr(zoo, "OP_ZOO", {}))
+                 + sorted(getattr(zoo, "TORCH_ZOO", {})) + list(REAL))
     wanted = [m.strip() for m in args.models.split(",") if m.strip()] or all_names
     unknown = [m for m in wanted if m not in all_names]
     if unknown:
@@ -188,7 +190,7 @@ def main(argv=None) -> int:
     rows, notes = [], []
     with tempfile.TemporaryDirectory(prefix="shardbound-bench-") as workdir:
         for name in wanted:
-            if name in zoo.ZOO or name in getattr(zoo, "OP_ZOO", {}):
+            if name in built:
                 model, shape = zoo.build(name, ZOO_SEED)
                 path = os.path.join(workdir, f"{name}.onnx")
                 onnx.save(model, path)

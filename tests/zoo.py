@@ -540,15 +540,9 @@ OP_ZOO.update({
 
 
 # -- a tiny Vision Transformer (issue 15), exported by torch.onnx.export(..., dynamo=False) ------
-def vit_tiny(rng, opset: int = 17):
-    """1x8x8 image -> 2x2 patches by a Conv (16 tokens of dim 8) -> a class token by Concat ->
-    a positional embedding Add -> 2 blocks (BatchNorm1d over the embedding channels as the
-    norm, 2-head attention: Q K^T, Softmax, . V; a GELU MLP 8-16-8; residual Adds) -> mean
-    pooling over the tokens -> a linear head of 3 classes. BatchNorm stands in for LayerNorm
-    (issue 15 allows either); its running statistics are random, so it is no identity."""
-    import io
-    import warnings
-
+def vit_tiny_module(rng, gelu=None):
+    """The torch module behind `vit_tiny` (eval mode; weights from rng's seed); `gelu` replaces
+    torch's GELU (auto_LiRPA's own op: bench/vit_autolirpa.py)."""
     import torch
     from torch import nn
 
@@ -582,7 +576,8 @@ def vit_tiny(rng, opset: int = 17):
             att = torch.softmax((q @ k.transpose(-2, -1)) * hd ** -0.5, dim=-1)
             o = (att @ v).transpose(1, 2).reshape(1, tokens, dim)
             x = x + self.proj(o)
-            return x + self.fc2(nn.functional.gelu(self.fc1(self.norm(self.n2, x))))
+            act = gelu or nn.functional.gelu
+            return x + self.fc2(act(self.fc1(self.norm(self.n2, x))))
 
     class ViT(nn.Module):
         def __init__(self):
@@ -598,7 +593,21 @@ def vit_tiny(rng, opset: int = 17):
             t = torch.cat([self.cls, t], dim=1) + self.pos
             return self.head(self.blocks(t).mean(dim=1))
 
-    net = ViT().eval()
+    return ViT().eval()
+
+
+def vit_tiny(rng, opset: int = 17):
+    """1x8x8 image -> 2x2 patches by a Conv (16 tokens of dim 8) -> a class token by Concat ->
+    a positional embedding Add -> 2 blocks (BatchNorm1d over the embedding channels as the
+    norm, 2-head attention: Q K^T, Softmax, . V; a GELU MLP 8-16-8; residual Adds) -> mean
+    pooling over the tokens -> a linear head of 3 classes. BatchNorm stands in for LayerNorm
+    (issue 15 allows either); its running statistics are random, so it is no identity."""
+    import io
+    import warnings
+
+    import torch
+
+    net = vit_tiny_module(rng)
     buf = io.BytesIO()
     with warnings.catch_warnings():      # the TorchScript exporter's deprecation notes
         warnings.simplefilter("ignore")
