@@ -278,7 +278,7 @@ def test_user_error_in_process(work, capsys, monkeypatch, case):
 
 
 def test_no_output_written_on_error(results, work):
-    for case in ("unsupported_hardmax", "dynamic_input_dim", "product_of_computed",
+    for case in ("unsupported_hardmax", "dynamic_input_dim", "batched_constant_matmul",
                  "malformed_random_bytes"):
         out = work / CASES[case][0][CASES[case][0].index("-o") + 1]
         assert results[case].returncode == 2
