@@ -75,4 +75,5 @@ def test_sound_at_extreme_widths(case, width):
         results[method] = (lb, ub)
     (il, iu), (cl, cu) = results["ibp"], results["crown"]
     assert bool((cl >= il).all() and (cu <= iu).all()), f"{case.name}: CROWN looser than IBP"
-    assert bool((results["alpha-crown"][0] >= cl).all()), f"{case.name}: alpha-CROWN below CROWN"
+    if "alpha-crown" in results:
+        assert bool((results["alpha-crown"][0] >= cl).all()), f"{case.name}: alpha-CROWN below CROWN"
