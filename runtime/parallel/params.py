@@ -58,6 +58,7 @@ class ShardedParam:
         ledger.add("resident_param", self.shard.numel() * 4)
 
     def gather(self) -> torch.Tensor:
+        self.ledger.reserve(self._gathered_bytes(), "gathered_param")
         full = self.comm.all_gather_flat(self.shard)[: self.numel].reshape(self.shape).contiguous()
         self.ledger.add("gathered_param", self._gathered_bytes())
         return full
@@ -88,6 +89,7 @@ class ShardedParam:
         and broadcasts it straight into place."""
         cols = self.shape[1]
         width = c1 - c0
+        self.ledger.reserve((r1 - r0) * width * 4, "gathered_param")
         out = torch.empty((r1 - r0) * width, dtype=torch.float32, device=self.shard.device)
         size = self.shard.numel()
 
