@@ -184,6 +184,8 @@ def choose(shapes, output: str, options, source: str = "model") -> BudgetPlan:
                                   _bab_batch(shapes, output, cand, options, budget, methods))
     need, cand = smallest
     more = (f"more ranks than --nproc {options.nproc}" if options.nproc_given
+            else "fsdp instead of --mode single (its ranks share the weights)"
+            if options.mode_given and options.mode == "single"
             else f"more than {MAX_RANKS} ranks")
     raise ShardboundError(
         f"{source}: no plan fits --memory-budget {format_bytes(budget)} per rank: the smallest "

@@ -68,9 +68,10 @@ class MemoryLedger:
             self._exceeded(total, category)
 
     def _exceeded(self, total: int, category: str):
-        where = f"node {self.where!r}" if self.where else "the run"
+        where = (f"at node {self.where!r}" if self.where
+                 else "while loading the weights" if category == "resident_param" else "")
         raise MemoryBudgetExceeded(
-            f"memory budget exceeded at {where}: it needs {format_bytes(total)} ({total} bytes "
+            f"memory budget exceeded {where}: it needs {format_bytes(total)} ({total} bytes "
             f"tracked, {category.replace('_', ' ')} growing) of a per-rank budget of "
             f"{format_bytes(self.budget)} ({self.budget} bytes); stopped before allocating. "
             "Recompile with a larger --memory-budget (the planner then picks more ranks or "
