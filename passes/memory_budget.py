@@ -39,6 +39,7 @@ from shardbound.runtime.accounting.memory_model import METHOD_MODELS, predict_pe
 MAX_RANKS = 64
 MIN_CHUNK = 64 << 10
 BAB_BATCHES = (32, 16, 8, 4, 2, 1)
+BAB_METHOD = "beta-crown"       # the figure batched branch and bound registers, if any
 
 
 @dataclass(frozen=True)
@@ -196,11 +197,14 @@ def choose(shapes, output: str, options, source: str = "model") -> BudgetPlan:
 
 
 def _bab_batch(shapes, output, cand, options, budget, methods) -> int:
-    """verify: the most branch-and-bound domains per batch whose alpha-CROWN run fits."""
+    """verify: the most branch-and-bound domains per batch whose run fits: beta-CROWN's
+    figure when one is registered (BAB_METHOD), else alpha-CROWN's at that batch (a domain
+    is one box of the batch: its slopes, bounds and A-matrices)."""
     if "alpha-crown" not in methods:
         return 0
+    method = BAB_METHOD if BAB_METHOD in METHOD_MODELS else "alpha-crown"
     for b in BAB_BATCHES:
-        if predict(shapes, output, cand, options, "alpha-crown", batch=b)[
+        if predict(shapes, output, cand, options, method, batch=b)[
                 "peak_tracked_bytes"] <= budget:
             return b
     return 1
