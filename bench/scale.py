@@ -45,9 +45,17 @@ MIB = 1 << 20
 # -- models ------------------------------------------------------------------------------------
 
 class _Onnx:
-    def __init__(self, rng, input_shape):
+    """A small graph builder. Initializers over EXTERNAL_BYTES go straight to one external
+    data file (`path`.data), written block by block as they are drawn, so building a 2 GiB
+    model holds one block in memory, not the model three times (array, proto, serialised)."""
+
+    EXTERNAL_BYTES = 16 << 20
+
+    def __init__(self, rng, input_shape, path):
         self.rng, self.input_shape = rng, tuple(input_shape)
         self.nodes, self.inits, self.count = [], [], 0
+        self.path, self.location = path, os.path.basename(path) + ".data"
+        self.data = None
 
     def const(self, array) -> str:
         from onnx import numpy_helper
@@ -55,6 +63,26 @@ class _Onnx:
         self.count += 1
         name = f"c{self.count}"
         self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array, np.float32), name))
+        return name
+
+    def external(self, shape, blocks) -> str:
+        """An initializer of `shape` whose rows come from `blocks` (arrays of whole rows)."""
+        from onnx import TensorProto
+
+        if self.data is None:
+            self.data = open(os.path.join(os.path.dirname(self.path), self.location), "wb")
+        self.count += 1
+        name = f"c{self.count}"
+        offset = self.data.tell()
+        for block in blocks:
+            self.data.write(np.ascontiguousarray(block, np.float32).tobytes())
+        t = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=list(shape),
+                        data_location=TensorProto.EXTERNAL)
+        for key, value in (("location", self.location), ("offset", str(offset)),
+                           ("length", str(self.data.tell() - offset))):
+            entry = t.external_data.add()
+            entry.key, entry.value = key, value
+        self.inits.append(t)
         return name
 
     def op(self, op_type, inputs, **attrs) -> str:
@@ -72,8 +100,13 @@ class _Onnx:
         return w
 
     def gemm(self, x, n_in, n_out):
-        return self.op("Gemm", [x, self.const(self.normal((n_out, n_in), n_in)),
-                                self.const(self.rng.normal(0, 0.01, n_out))], transB=1)
+        if n_out * n_in * 4 > self.EXTERNAL_BYTES:
+            step = max(1, self.EXTERNAL_BYTES // (4 * n_in))
+            w = self.external((n_out, n_in), (self.normal((min(step, n_out - r), n_in), n_in)
+                                              for r in range(0, n_out, step)))
+        else:
+            w = self.const(self.normal((n_out, n_in), n_in))
+        return self.op("Gemm", [x, w, self.const(self.rng.normal(0, 0.01, n_out))], transB=1)
 
     def conv(self, x, c_in, c_out, k, stride):
         w = self.const(self.normal((c_out, c_in, k, k), c_in * k * k))
@@ -83,17 +116,17 @@ class _Onnx:
               self.rng.normal(0, 0.1, c_out), self.rng.uniform(0.5, 1.5, c_out)]
         return self.op("BatchNormalization", [y] + [self.const(v) for v in bn])
 
-    def save(self, out, path, n_out):
+    def save(self, out, n_out):
         import onnx
         from onnx import TensorProto, helper
 
+        if self.data is not None:
+            self.data.close()
         x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, *self.input_shape])
         y = helper.make_tensor_value_info(out, TensorProto.FLOAT, [1, n_out])
         model = helper.make_model(helper.make_graph(self.nodes, "scale", [x], [y], self.inits),
                                   opset_imports=[helper.make_opsetid("", 13)])
-        big = sum(t.ByteSize() for t in self.inits) > (1 << 30)
-        onnx.save(model, path, save_as_external_data=big, all_tensors_to_one_file=True,
-                  location=os.path.basename(path) + ".data", size_threshold=1024)
+        onnx.save(model, self.path)
 
 
 def _spec(b: _Onnx, y, n_out: int, rows: int) -> str:
@@ -105,16 +138,16 @@ def _spec(b: _Onnx, y, n_out: int, rows: int) -> str:
 
 
 def build_mlp(path: str, width: int, rows: int, seed: int = 0) -> tuple[int, ...]:
-    b = _Onnx(np.random.default_rng(seed), (784,))
+    b = _Onnx(np.random.default_rng(seed), (784,), path)
     h = b.op("Relu", [b.gemm("x", 784, width)])
     h = b.op("Relu", [b.gemm(h, width, width)])
     y = _spec(b, b.gemm(h, width, 10), 10, rows)
-    b.save(y, path, rows)
+    b.save(y, rows)
     return (784,)
 
 
 def build_resnet_large(path: str, rows: int, seed: int = 0) -> tuple[int, ...]:
-    b = _Onnx(np.random.default_rng(seed), (3, 32, 32))
+    b = _Onnx(np.random.default_rng(seed), (3, 32, 32), path)
     h = b.op("Relu", [b.conv("x", 3, 64, 3, 1)])
     c = 64
     for width, stride in ((64, 1), (128, 2), (128, 2), (256, 2)):
@@ -128,7 +161,7 @@ def build_resnet_large(path: str, rows: int, seed: int = 0) -> tuple[int, ...]:
     h = b.op("Flatten", [h], axis=1)
     h = b.op("Relu", [b.gemm(h, 256 * 4 * 4, 100)])
     y = _spec(b, b.gemm(h, 100, 100), 100, rows)
-    b.save(y, path, rows)
+    b.save(y, rows)
     return (3, 32, 32)
 
 
@@ -160,6 +193,8 @@ def main(argv=None) -> int:
     ap.add_argument("--eps", type=float, default=1 / 255)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--workdir", default=None, help="keep the models and programs here")
+    ap.add_argument("--reuse", action="store_true",
+                    help="keep the model already in --workdir (same options) instead of building")
     ap.add_argument("--skip-single-plan", action="store_true",
                     help="do not ask the planner for single mode (one more model import)")
     args = ap.parse_args(argv)
@@ -168,11 +203,13 @@ def main(argv=None) -> int:
     model = os.path.join(work, f"{args.model}.onnx")
     t0 = time.perf_counter()
     if args.model == "mlp":
-        shape = build_mlp(model, args.width, args.spec_rows)
         name = f"MLP 784-{args.width}-{args.width}-10"
+        build, shape = (lambda: build_mlp(model, args.width, args.spec_rows)), (784,)
     else:
-        shape = build_resnet_large(model, args.spec_rows)
         name = "ResNet-large (CIFAR-100 layout)"
+        build, shape = (lambda: build_resnet_large(model, args.spec_rows)), (3, 32, 32)
+    if not (args.reuse and os.path.exists(model)):
+        build()
     print(f"# built {name} in {time.perf_counter() - t0:.1f} s -> {model}", flush=True)
     box = os.path.join(work, "box.json")
     _box(box, shape, args.eps)

@@ -89,6 +89,7 @@ def import_onnx(path: str, max_elements: int | None = None) -> Graph:
                                   f"({type(e).__name__}); keep the data files next to the "
                                   "model") from None
     graph = gs.import_onnx(model)
+    del model               # graphsurgeon holds what it needs (a wide model: GiBs)
     graph.cleanup().toposort()
     _check_supported(graph, source, opset)
     ctx = LoweringContext(source, opset, max_elements or MAX_ELEMENTS)

@@ -199,3 +199,18 @@ def test_row_tiles_change_no_bit_and_cut_the_peak(program):
                         row_tile=3)["peak_tracked_bytes"]
     measured = net.ledger.report()["peak_tracked_bytes"]
     assert abs(pred - measured) <= 0.10 * measured, (pred, measured)
+
+
+def test_a_model_with_external_weight_data_imports_alike(tmp_path):
+    """Models over protobuf's 2 GB limit keep their weights in external data files (the
+    scale benchmark's MLP): the same IR and weights as the model saved in one file."""
+    from shardbound.compiler.frontend import import_onnx
+
+    model, _ = zoo.mlp(np.random.default_rng(3), sizes=(6, 64, 64, 5))
+    onnx.save(model, tmp_path / "one.onnx")
+    onnx.save(model, tmp_path / "ext.onnx", save_as_external_data=True,
+              all_tensors_to_one_file=True, location="ext.data", size_threshold=64)
+    a, b = import_onnx(str(tmp_path / "one.onnx")), import_onnx(str(tmp_path / "ext.onnx"))
+    assert [n.name for n in a.nodes] == [n.name for n in b.nodes]
+    assert a.tensors.keys() == b.tensors.keys()
+    assert all(np.array_equal(a.tensors[k], b.tensors[k]) for k in a.tensors)
