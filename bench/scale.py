@@ -213,8 +213,10 @@ def main(argv=None) -> int:
     print(f"# built {name} in {time.perf_counter() - t0:.1f} s -> {model}", flush=True)
     box = os.path.join(work, "box.json")
     _box(box, shape, args.eps)
+    methods = args.methods.split(",")
+    planned_for = "alpha-crown" if "alpha-crown" in methods else methods[0]
     common = ["--summation", "blocked", "--intermediate", args.intermediate,
-              "--max-elements", str(1 << 30), "--quiet"]
+              "--max-elements", str(1 << 30), "--method", planned_for, "--quiet"]
     fsdp_dir, single_dir = os.path.join(work, "fsdp"), os.path.join(work, "single")
     nprocs = [int(p) for p in args.nprocs.split(",")]
     lines = []
@@ -245,7 +247,7 @@ def main(argv=None) -> int:
             return p.returncode
         print(f"# compiled single in {dt:.0f} s", flush=True)
     rows, single_sha = [], {}
-    for method in args.methods.split(","):
+    for method in methods:
         for P in nprocs:
             d = single_dir if P == 1 else fsdp_dir
             out = os.path.join(work, f"run_{method}_{P}.json")
@@ -275,8 +277,9 @@ def main(argv=None) -> int:
                          f"{p.returncode}: {p.stderr.strip()[:400]}")
             print("#", lines[-1], flush=True)
     print()
-    print(f"{name}, budget {args.budget} per rank, intermediate bounds {args.intermediate}, "
-          f"{args.spec_rows} spec rows, eps {args.eps:g}, threads {args.threads}:")
+    print(f"{name}, budget {args.budget} per rank (planned for {planned_for}), intermediate "
+          f"bounds {args.intermediate}, {args.spec_rows} spec rows, eps {args.eps:g}, "
+          f"threads {args.threads}:")
     print()
     print("| method | mode | P | resident MiB | peak tracked MiB | predicted MiB | x single | "
           "peak RSS MiB | bound s | wall s | bounds = single |")

@@ -11,8 +11,9 @@ parameters and the bounds held for the final pass:
   arithmetic, so each kernel class declares it (`Op.alpha_saved`: A-matrix-sized tensors
   saved per step, in units of B x S x its inputs' elements x 4 bytes, for an incoming
   A-matrix without and with a gradient -- an A-matrix has one once a step with alphas lies
-  between it and the output), plus its non-weight parameters once gradients flow; the box
-  terms at the input save two more input-sized A-matrices;
+  between it and the output), plus its bias once gradients flow (and its weight where the
+  kernel declares `alpha_saves_weight`: the im2col convolution); the box terms at the input
+  save two more input-sized A-matrices;
 - `a_matrix`: the one (lower) side's live A-matrices and the step's outputs.
 
 The figures were measured with the ledger's own SavedTensorCounter on the zoo (ReLU 2.05 /
@@ -31,10 +32,14 @@ def _numel(nodes, index, name) -> int:
     return math.prod(nodes[index[name]].shape)
 
 
-def _other_param_bytes(node) -> int:
-    """Parameter bytes other than the weight matrix (the bias: autograd keeps it)."""
+def _kept_param_bytes(node) -> int:
+    """Parameter bytes autograd keeps once gradients flow: the bias, and the weight where the
+    kernel declares it (`alpha_saves_weight`: the im2col convolution)."""
     weight = math.prod(node.weight_shape) if node.weight_shape else 0
-    return (sum(node.param_numels) - weight) * F32
+    kept = sum(node.param_numels) - weight
+    if getattr(node.traits, "alpha_saves_weight", False):
+        kept += weight
+    return kept * F32
 
 
 @register_method_model("alpha-crown")
@@ -64,7 +69,7 @@ def alpha_crown_peak(ctx) -> dict:
                 produced = size             # summed into a new tensor
             live[name] = produced
         units = getattr(node.traits, "alpha_saved", (0.0, 0.25))[1 if grad else 0]
-        saved += int(units * sum(sizes)) + (_other_param_bytes(node) if grad else 0)
+        saved += int(units * sum(sizes)) + (_kept_param_bytes(node) if grad else 0)
         if saved + a_prev + new_bytes + ctx.gathered[j] > peak:
             peak, at = saved + a_prev + new_bytes + ctx.gathered[j], j
         if node.traits.relaxed and node.traits.has_alpha:
