@@ -200,7 +200,7 @@ def _bab_batch(shapes, output, cand, options, budget, methods) -> int:
     """verify: the most branch-and-bound domains per batch whose run fits: beta-CROWN's
     figure when one is registered (BAB_METHOD), else alpha-CROWN's at that batch (a domain
     is one box of the batch: its slopes, bounds and A-matrices)."""
-    if "alpha-crown" not in methods:
+    if "alpha-crown" not in methods or not options.plan_methods:     # verify only
         return 0
     method = BAB_METHOD if BAB_METHOD in METHOD_MODELS else "alpha-crown"
     for b in BAB_BATCHES:
