@@ -47,8 +47,12 @@ def _compile(args) -> int:
     graph = compile_model(args.model, out, pass_options(args))
     if not args.quiet:
         params = sum(int(v.size) for v in graph.tensors.values())
+        plan = graph.annotations.get("budget", {}).get(graph.input.name)
+        mode = plan.mode if plan is not None else (args.mode or "single")
         print(f"compiled {graph.source}: {len(graph.nodes)} nodes, {params} parameters, "
-              f"mode {args.mode} -> {out}/program.py")
+              f"mode {mode} -> {out}/program.py")
+        if plan is not None:
+            print(f"plan: {plan.text()}")
     return 0
 
 

@@ -160,6 +160,10 @@ def plan_dict(graph: Graph, options, passes: list[str]) -> dict:
     }
     if options.mode == "tp":
         plan["tp_intermediate"] = options.tp_intermediate
+    for field in ("memory_budget", "row_tile", "bab_batch"):   # only when planned for a budget
+        value = getattr(options, field, None)
+        if value is not None:
+            plan[field + ("_bytes" if field == "memory_budget" else "")] = int(value)
     return plan
 
 

@@ -6,19 +6,40 @@ from shardbound.compiler.codegen import write_program
 from shardbound.compiler.errors import ShardboundError
 from shardbound.compiler.frontend import import_onnx
 from shardbound.compiler.ir import Graph, dump
-from shardbound.passes.manager import PassOptions
+from shardbound.passes.manager import PassManager, PassOptions
 from shardbound.passes.pipeline import pipeline
 
 
 def plan_model(path: str, options: PassOptions, verify_each: bool = False) -> tuple[Graph, list[str]]:
-    graph = import_onnx(path, max_elements=options.max_elements)
+    graph, _, passes = plan_with_options(path, options, verify_each)
+    return graph, passes
+
+
+def plan_with_options(path: str, options: PassOptions, verify_each: bool = False
+                      ) -> tuple[Graph, PassOptions, list[str]]:
+    """Import and run the passes; with --memory-budget, first choose the plan that fits
+    (passes/memory_budget.py) from the shapes after canonicalize and bound_plan, then run the
+    chosen mode's pipeline with the chosen options (returned: codegen writes them)."""
+    imported = import_onnx(path, max_elements=options.max_elements)
+    chosen = None
+    if options.memory_budget is not None:
+        from shardbound.passes.memory_budget import choose, planned_options
+        from shardbound.passes.memory_plan import graph_shapes
+
+        front = PassManager([p for p in pipeline("single").passes
+                             if p.name in ("canonicalize", "bound_plan")])
+        planned = front.run(imported, options)
+        chosen = choose(graph_shapes(planned), planned.output, options, source=path)
+        options = planned_options(chosen, options)
     manager = pipeline(options.mode, verify_each=verify_each)
-    graph = manager.run(graph, options)
-    return graph, [p.name for p in manager.passes]
+    graph = manager.run(imported, options)
+    if chosen is not None:
+        graph = graph.annotate("budget", {graph.input.name: chosen})
+    return graph, options, [p.name for p in manager.passes]
 
 
 def compile_model(path: str, out_dir: str, options: PassOptions) -> Graph:
-    graph, passes = plan_model(path, options)
+    graph, options, passes = plan_with_options(path, options)
     try:
         write_program(graph, options, passes, out_dir)
     except OSError as e:
@@ -32,4 +53,8 @@ def inspect_model(path: str, options: PassOptions, raw: bool = False) -> str:
     if raw:
         return dump(import_onnx(path, max_elements=options.max_elements))
     graph, _ = plan_model(path, options)
-    return dump(graph)
+    text = dump(graph)
+    plan = graph.annotations.get("budget", {}).get(graph.input.name)
+    if plan is not None:
+        text += f"plan: {plan.text()}\n"
+    return text

@@ -34,18 +34,28 @@ def load_model(path: str) -> onnx.ModelProto:
     if not os.path.isfile(path):
         raise ShardboundError(f"{path}: no such file")
     try:
-        model = onnx.load(path)
+        model = onnx.load(path, load_external_data=False)
     except Exception as e:  # protobuf raises several unrelated types on garbage
         raise ShardboundError(f"{name}: not a readable ONNX model ({type(e).__name__}); "
                               "check that the file is a complete .onnx export") from None
     if not model.graph.node:
         raise ShardboundError(f"{name}: the model has no nodes (empty or not an ONNX graph)")
+    # Weights in external data files (models over protobuf's 2 GB limit): the checker reads
+    # the model by path, shape inference runs without the data, and the data is loaded last.
+    external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(path if external else model)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ShardboundError(f"{name}: the ONNX checker rejects the model: {first}") from None
     return model
+
+
+def _external_dir(model: onnx.ModelProto, path: str) -> str | None:
+    """The folder of the model's external weight data, or None when it has none."""
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        return os.path.dirname(os.path.abspath(path))
+    return None
 
 
 def model_opset(model: onnx.ModelProto) -> int:
@@ -64,11 +74,22 @@ def import_onnx(path: str, max_elements: int | None = None) -> Graph:
     model = load_model(path)
     source = os.path.basename(path)
     opset = model_opset(model)
+    external_dir = _external_dir(model, path)
     try:
         model = onnx.shape_inference.infer_shapes(model)
     except Exception:
         pass  # shapes are recomputed by our own ops; inference only helps graphsurgeon
+    if external_dir is not None:
+        from onnx.external_data_helper import load_external_data_for_model
+
+        try:
+            load_external_data_for_model(model, external_dir)
+        except Exception as e:
+            raise ShardboundError(f"{source}: cannot read its external weight data "
+                                  f"({type(e).__name__}); keep the data files next to the "
+                                  "model") from None
     graph = gs.import_onnx(model)
+    del model               # graphsurgeon holds what it needs (a wide model: GiBs)
     graph.cleanup().toposort()
     _check_supported(graph, source, opset)
     ctx = LoweringContext(source, opset, max_elements or MAX_ELEMENTS)

@@ -51,6 +51,10 @@ def run_verify(args) -> int:
     try:
         stages.start("compile")
         spec_path, out = _compile_for_verify(args, tmp)
+        if args.memory_budget is not None and args.nproc is None:
+            from shardbound.runtime.program.loader import read_plan
+
+            nproc = int(read_plan(out).get("nproc", 1))     # the planner's rank count
         if deadline.remaining() <= 0:           # compilation used the whole budget
             answer_timeout(args.result, args.json, os.path.basename(args.property), started_at)
             return 0
@@ -65,6 +69,7 @@ def run_verify(args) -> int:
                                    verify_deadline=deadline.wall, started_at=started_at,
                                    nproc=nproc, threads=args.threads, device=args.device,
                                    collective_timeout=max(1.0, deadline.remaining() + 1.0),
+                                   memory_budget=args.memory_budget,
                                    quiet=args.quiet, no_watchdog=True))
     finally:
         if watchdog is not None:
@@ -84,7 +89,12 @@ def _compile_for_verify(args, tmp: str) -> tuple[str, str]:
 
     prop = parse_vnnlib(args.property)
     out = args.out or os.path.join(tmp, "program")
-    graph = compile_model(args.model, out, pass_options(args))
+    from dataclasses import replace
+
+    options = pass_options(args)
+    if options.memory_budget is not None:       # verify runs CROWN, alpha-CROWN and BaB
+        options = replace(options, plan_methods=("crown", "alpha-crown"))
+    graph = compile_model(args.model, out, options)
     spec = spec_from_property(prop)
     check_spec_fits(spec, graph.input.shape, graph.node(graph.output).shape)
     spec_path = os.path.join(tmp, "spec.json")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-ORDER = ("bounds", "tp", "fsdp", "summation", "memory")
+ORDER = ("bounds", "tp", "fsdp", "summation", "memory", "budget")
 
 
 def _jsonable(value):

@@ -29,7 +29,7 @@ class PassOptions:
     """What the passes and codegen are asked for; the defaults are the command-line flags'
     (shardbound.options), so Python callers and `compile` get the same program."""
 
-    mode: str = _flags.FLAGS["mode"].default
+    mode: str = "single"
     method: str = "crown"              # the program's default final bound method
     intermediate: str = _flags.FLAGS["intermediate"].default   # nodes feeding a relaxed op
     summation: str = _flags.FLAGS["summation"].default
@@ -37,6 +37,14 @@ class PassOptions:
     stream_chunk_bytes: int = STREAM_CHUNK_BYTES   # fsdp: most of one weight gathered at once
     tp_intermediate: str = _flags.FLAGS["tp_intermediate"].default   # tp zone nodes
     max_elements: int = MAX_ELEMENTS   # import: the largest tensor (elements) a model may have
+    # --memory-budget (bytes per rank): the planner (passes/memory_budget.py) picks mode, P,
+    # stream chunk and row tile to fit it; it keeps `mode` / `nproc` when they were given.
+    memory_budget: int | None = None
+    mode_given: bool = False
+    nproc_given: bool = False
+    row_tile: int | None = None        # the most rows a backward pass propagates at once
+    bab_batch: int | None = None       # verify: ReLU branch-and-bound domains per batch
+    plan_methods: tuple[str, ...] = ()  # methods the budget must fit (default: `method`)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,11 @@ from shardbound.passes.annotations import MemoryPrediction, RankMemory
 from shardbound.runtime.accounting.memory_model import NodeShape, predict_peak
 
 
+def graph_shapes(graph: Graph) -> list[NodeShape]:
+    """The memory model's view of the IR (after bound_plan: which nodes CROWN bounds)."""
+    return _shapes(graph)
+
+
 def _shapes(graph: Graph) -> list[NodeShape]:
     plan = graph.annotations.get("bounds", {})
     return [NodeShape(n.name, n.op, n.inputs, n.shape,
@@ -33,7 +38,8 @@ def memory_plan(graph: Graph, options) -> Graph:
     parts = []
     for P in worlds:
         pred = predict_peak(shapes, graph.output, P, shard_rows=shard_rows,
-                            stream_chunk_bytes=options.stream_chunk_bytes)
+                            stream_chunk_bytes=options.stream_chunk_bytes,
+                            row_tile=getattr(options, "row_tile", None))
         parts.append(RankMemory(P, int(pred["resident_param_bytes"]),
                                 int(pred["peak_tracked_bytes"])))
     return graph.annotate("memory", {graph.input.name: MemoryPrediction(tuple(parts))})

@@ -61,6 +61,24 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10 ** 3, "m": 1 << 20,
+               "mib": 1 << 20, "mb": 10 ** 6, "g": 1 << 30, "gib": 1 << 30, "gb": 10 ** 9,
+               "t": 1 << 40, "tib": 1 << 40, "tb": 10 ** 12}
+
+
+def memory_size(text: str) -> int:
+    """argparse type: a positive size in bytes, `512MiB`, `2GB`, `1.5GiB`, `64k` or plain
+    bytes (KiB/MiB/GiB and bare K/M/G are powers of 1024; KB/MB/GB powers of 1000)."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _SIZE_UNITS or not float(m.group(1)) * _SIZE_UNITS[unit] >= 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a memory size such as 512MiB, 2GB or 1073741824, got {text!r}")
+    return int(float(m.group(1)) * _SIZE_UNITS[unit])
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse, but a bad flag is a user error like any other: one `error:` line, exit 2
     (instead of the usage block followed by a second line)."""
@@ -134,7 +152,9 @@ FLAGS: dict[str, Flag] = {f.dest if not f.positional else f.names[0]: f for f in
     _flag("-o", "--out", metavar="DIR",
           help="where the compiled program goes (compile: default MODEL_shardbound next to the "
                "model; verify: kept in DIR instead of a temporary directory)"),
-    _flag("--mode", choices=MODES, default="single", help="sharding mode (default single)"),
+    _flag("--mode", choices=MODES, default=None,
+          help="sharding mode (default single; with --memory-budget and no --mode, the "
+               "planner's choice)"),
     _flag("--method", choices=METHODS, default=None,
           help="bound method: compile/inspect set the program's default (crown when not "
                "given), run and program.py override it for one run"),
@@ -160,6 +180,13 @@ FLAGS: dict[str, Flag] = {f.dest if not f.positional else f.names[0]: f for f in
                "split and fsdp memory per rank in the program, and run's default); run, "
                "verify and program.py launch P ranks (gloo on CPU). Default 1 (run: the "
                "program's)"),
+    _flag("--memory-budget", type=memory_size, default=None, metavar="SIZE",
+          help="tracked memory per rank (e.g. 512MiB, 2GB). compile/inspect/verify: plan to "
+               "fit it (the first plan in a fixed order whose predicted peak fits: single, "
+               "then fsdp on the fewest ranks (or --nproc), larger stream chunks and whole "
+               "rows first, then row tiles; inspect prints the choice; none fits: one line "
+               "with the smallest peak). run/program: stop a run that would pass it before "
+               "allocating (exit code 2; default: the budget the program was planned for)"),
     _flag("--raw", action="store_true", default=False,
           help="inspect: the IR as imported, before any pass"),
     # what to bound
@@ -199,17 +226,17 @@ FLAGS: dict[str, Flag] = {f.dest if not f.positional else f.names[0]: f for f in
 
 # The flags of each command, in --help order. `program` is the generated program.py.
 _PLAN = ("mode", "method", "intermediate", "tp_intermediate", "summation", "stream_chunk_kib",
-         "max_elements", "nproc")
+         "max_elements", "nproc", "memory_budget")
 _RUN = ("box", "verify", "result", "verify_timeout", "verify_deadline", "started_at", "json",
-        "method", "nproc", "threads", "device", "collective_timeout", "quiet")
+        "method", "nproc", "threads", "device", "collective_timeout", "memory_budget", "quiet")
 COMMANDS: dict[str, tuple[str, ...]] = {
     "compile": ("model", "out", *_PLAN, "quiet"),
     "inspect": ("model", *_PLAN, "raw"),
     "run": ("dir", *_RUN),
     "program": _RUN,
     "verify": ("model", "property", "mode", "nproc", "summation", "tp_intermediate",
-               "stream_chunk_kib", "max_elements", "timeout", "result", "json", "threads",
-               "device", "out", "quiet"),
+               "stream_chunk_kib", "max_elements", "memory_budget", "timeout", "result",
+               "json", "threads", "device", "out", "quiet"),
 }
 REQUIRED_ONE_OF = {"run": ("box", "verify"), "program": ("box", "verify")}
 
@@ -301,6 +328,7 @@ class RunOptions:
     threads: int = FLAGS["threads"].default
     device: str = FLAGS["device"].default
     collective_timeout: float = FLAGS["collective_timeout"].default
+    memory_budget: int | None = None
     quiet: bool = False
     no_watchdog: bool = False        # verify answers late itself: the rank's watchdog is off
 
@@ -314,11 +342,13 @@ def pass_options(ns: argparse.Namespace):
     """PassOptions from a compile/inspect/verify Namespace."""
     from shardbound.passes.manager import PassOptions
 
-    return PassOptions(mode=ns.mode, method=getattr(ns, "method", None) or "crown",
+    return PassOptions(mode=ns.mode or "single", method=getattr(ns, "method", None) or "crown",
                        intermediate=getattr(ns, "intermediate", FLAGS["intermediate"].default),
                        summation=ns.summation, nproc=ns.nproc or 1,
                        stream_chunk_bytes=ns.stream_chunk_kib * 1024,
-                       tp_intermediate=ns.tp_intermediate, max_elements=ns.max_elements)
+                       tp_intermediate=ns.tp_intermediate, max_elements=ns.max_elements,
+                       memory_budget=getattr(ns, "memory_budget", None),
+                       mode_given=ns.mode is not None, nproc_given=ns.nproc is not None)
 
 
 # -- the README's tables ----------------------------------------------------------------------

@@ -34,7 +34,11 @@ def lower_gemm(ctx, node):
         raise ctx.error(f"input A of shape {x.full_shape} must be 2-D")
     if int(a.get("transA", 0)):
         x = permute(ctx, x, (1, 0))
-    B = ctx.const(node.inputs[1], "weight B").astype(np.float64)
+    B = np.asarray(ctx.const(node.inputs[1], "weight B"))
+    # alpha == 1 and float32 weights: the float64 round trip would change no bit, and for a
+    # wide layer it cost 4x the weight's memory (a 2 GiB matrix took 14 GiB to lower)
+    if not (alpha == 1.0 and B.dtype == np.float32):
+        B = B.astype(np.float64)
     if B.ndim != 2:
         raise ctx.error(f"weight B must be 2-D, got shape {B.shape}")
     W = B if int(a.get("transB", 0)) else B.T            # (N, K)
@@ -54,11 +58,12 @@ def lower_gemm(ctx, node):
         if np.all(full == full[:1]):
             bias = full[0]
         else:       # a bias per output row: the linear node's bias is per column only
-            y = ctx.emit("linear", [x], params={"weight": alpha * W})
+            y = ctx.emit("linear", [x], params={"weight": W if alpha == 1.0 else alpha * W})
             ctx.emit("affine", [y], node.outputs[0],
                      params={"shift": ctx.sample_constant(full, y, "bias C")})
             return
-    ctx.emit("linear", [x], node.outputs[0], params={"weight": alpha * W, "bias": bias})
+    ctx.emit("linear", [x], node.outputs[0],
+             params={"weight": W if alpha == 1.0 else alpha * W, "bias": bias})
 
 
 def _weight(ctx, node, i):

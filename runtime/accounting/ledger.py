@@ -8,6 +8,12 @@ alpha-CROWN `alpha` (the slopes with the optimiser's two moment tensors) and `au
 the autograd graph saves for the gradient: mostly earlier A-matrices and slopes). The
 tracked peak is the peak of the sum; peak RSS comes from the OS, so single and sharded runs
 compare directly.
+
+With a budget (`--memory-budget`, per rank) the ledger is also the run-time guard: the engine
+asks `reserve(nbytes)` before it allocates a large tensor (a backward step's outputs, a
+gathered parameter or block, a node's IBP bounds), and any tracked total past the budget
+raises `MemoryBudgetExceeded`, one line naming the node being visited and the bytes: the run
+stops before the allocation (never an out-of-memory kill), exit code 2 like any user error.
 """
 
 from __future__ import annotations
@@ -15,23 +21,61 @@ from __future__ import annotations
 import resource
 import sys
 
+from shardbound.runtime.errors import ShardboundError
+
 CATEGORIES = ("resident_param", "gathered_param", "a_matrix", "bounds", "collective", "alpha",
               "autograd")
 
 
+class MemoryBudgetExceeded(ShardboundError):
+    """A run that would pass its per-rank memory budget (a user error: exit code 2)."""
+
+
+def format_bytes(n: float) -> str:
+    """Bytes as a person reads them (binary units, as --memory-budget accepts them)."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f}{unit}"
+    return f"{int(n)}B"
+
+
 class MemoryLedger:
-    def __init__(self):
+    def __init__(self, budget: int | None = None):
         self.current = {c: 0 for c in CATEGORIES}
         self.peak = {c: 0 for c in CATEGORIES}
         self.peak_total = 0
+        self.budget = budget            # per-rank tracked bytes a run may hold (None: any)
+        self.where = ""                 # the node being visited (the engine keeps it current)
 
     def add(self, category: str, nbytes: int) -> None:
         self.set(category, self.current[category] + int(nbytes))
 
     def set(self, category: str, nbytes: int) -> None:
+        grows = int(nbytes) > self.current[category]
         self.current[category] = int(nbytes)
         self.peak[category] = max(self.peak[category], int(nbytes))
-        self.peak_total = max(self.peak_total, sum(self.current.values()))
+        total = sum(self.current.values())
+        self.peak_total = max(self.peak_total, total)
+        if self.budget is not None and grows and total > self.budget:
+            self._exceeded(total, category)
+
+    def reserve(self, nbytes: int, category: str = "a_matrix") -> None:
+        """Before allocating `nbytes` more: stop if the total would pass the budget."""
+        if self.budget is None:
+            return
+        total = sum(self.current.values()) + int(nbytes)
+        if total > self.budget:
+            self._exceeded(total, category)
+
+    def _exceeded(self, total: int, category: str):
+        where = (f"at node {self.where!r}" if self.where
+                 else "while loading the weights" if category == "resident_param" else "")
+        raise MemoryBudgetExceeded(
+            f"memory budget exceeded {where}: it needs {format_bytes(total)} ({total} bytes "
+            f"tracked, {category.replace('_', ' ')} growing) of a per-rank budget of "
+            f"{format_bytes(self.budget)} ({self.budget} bytes); stopped before allocating. "
+            "Recompile with a larger --memory-budget (the planner then picks more ranks or "
+            "smaller row tiles), or run with a larger one")
 
     def reset_peaks(self) -> None:
         """Start a new measurement: peaks restart from what is held now (the resident

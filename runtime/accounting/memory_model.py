@@ -69,14 +69,20 @@ def _starts_at_inputs(node: NodeShape, world: int, streamed: bool, chunk: int) -
 def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1,
                  spec_rows: int | None = None, shard_rows: bool | None = None,
                  method: str = "crown", stream_chunk_bytes: int | None = None,
-                 crown_rows: dict | None = None) -> dict:
+                 crown_rows: dict | None = None, row_tile: int | None = None) -> dict:
     """Predicted per-rank bytes: resident parameters, and the tracked peak of a run of
     `method` ("ibp" or "crown"). `shard_rows` None means single mode (whole parameters);
     False or True means fsdp without or with work sharding of the CROWN rows (the orders that
     shard rows also stream large linear weights in blocks of `stream_chunk_bytes`).
     `crown_rows` (a run's `Network.bounded_rows`): how many neurons of each planned node CROWN
     bounded; without it every neuron is assumed to be (the most a run can take: the compiler's
-    memory_plan pass predicts before any box is known).
+    memory_plan pass predicts before any box is known). `row_tile`: the most rows one backward
+    pass propagates at once (`Network.row_tile`; None: all of a rank's rows).
+
+    Besides the bytes, the result names where the peak is (`peak_phase`: "ibp", "crown<-NODE"
+    or a method's own phase; `peak_node`: the node being visited), for the planner's and the
+    run-time guard's messages. Methods other than IBP and CROWN are predicted by the figures
+    registered in `METHOD_MODELS` (alpha-CROWN: runtime/accounting/alpha_model.py).
 
     Replaying every backward pass costs the sum of their lengths: quadratic in depth (a chain
     of 20,000 ReLUs took minutes to compile). Only the largest peak is wanted, so each pass
@@ -95,17 +101,22 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
     index = {node.name: i for i, node in enumerate(nodes)}
 
     def rows(total):
-        return -(-total // world) if shard_rows else total
+        local = -(-total // world) if shard_rows else total
+        return min(local, row_tile) if row_tile else local
 
     # IBP: every node's (lower, upper) -- the input's are the box itself; views add nothing.
     ibp_bytes = 0
-    peak = resident
+    peak, where = resident, ("ibp", nodes[0].name)
     for i, node in enumerate(nodes):
         if not node.traits.is_view:
             ibp_bytes += 2 * batch * math.prod(node.shape) * F32
-        peak = max(peak, resident + gathered[i] + ibp_bytes)
+        if resident + gathered[i] + ibp_bytes > peak:
+            peak, where = resident + gathered[i] + ibp_bytes, ("ibp", node.name)
     if method == "ibp":
-        return {"resident_param_bytes": resident, "peak_tracked_bytes": peak}
+        return _result(resident, peak, where)
+    if method != "crown" and method not in METHOD_MODELS:
+        raise ValueError(f"no memory model for method {method!r}; register one in "
+                         "METHOD_MODELS (runtime/accounting/memory_model.py)")
 
     passes = _passes(nodes, index, batch, rows, ibp_bytes, output, spec_rows, crown_rows)
     limits = _PassBounds(nodes, index, gathered)
@@ -114,9 +125,60 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
         if resident + held + limits.upper(target, S, batch) <= peak:
             break                       # this pass and every later one cannot beat the peak
         starts = (world, streamed, stream_chunk_bytes or 0)
-        peak = max(peak, resident + held + _backward_peak(nodes, index, gathered, target, S, eye,
-                                                          batch, starts))
-    return {"resident_param_bytes": resident, "peak_tracked_bytes": peak}
+        got, at = _backward_peak(nodes, index, gathered, target, S, eye, batch, starts)
+        if resident + held + got > peak:
+            peak, where = resident + held + got, (f"crown<-{nodes[target].name}", nodes[at].name)
+    result = _result(resident, peak, where)
+    if method != "crown":
+        final = passes[-1]
+        spec_total = spec_rows or math.prod(nodes[index[output]].shape)
+        context = MethodContext(nodes, index, gathered, resident, batch, output,
+                                -(-spec_total // world) if shard_rows else spec_total,
+                                final[3], world, result)
+        result = METHOD_MODELS[method](context)
+    return result
+
+
+def _result(resident: int, peak: int, where: tuple[str, str]) -> dict:
+    return {"resident_param_bytes": resident, "peak_tracked_bytes": peak,
+            "peak_phase": where[0], "peak_node": where[1]}
+
+
+@dataclass(frozen=True)
+class MethodContext:
+    """What a method's memory figure gets from `predict_peak`: the node shapes, each node's
+    gathered parameter bytes per rank, the resident bytes, boxes, the output node, the final
+    pass's spec rows per rank (after row sharding, before any row tile) and the bounds held
+    during it, the world size and CROWN's own prediction (`crown`: the dict `predict_peak`
+    returns for method "crown")."""
+
+    nodes: list
+    index: dict
+    gathered: list
+    resident: int
+    batch: int
+    output: str
+    local_rows: int
+    held: int
+    world: int
+    crown: dict
+
+
+# method name -> figure(MethodContext) -> predict_peak's dict. A bound method that is not IBP
+# or CROWN registers its figure here (see register_method_model); the planner covers every
+# method registered.
+METHOD_MODELS: dict = {}
+
+
+def register_method_model(name: str):
+    """Decorator: `figure(context: MethodContext) -> dict` predicts method `name`'s per-rank
+    peak (the keys of `_result`). A second registration of a name is a bug."""
+    def put(fn):
+        if name in METHOD_MODELS:
+            raise TypeError(f"memory model for method {name!r} registered twice")
+        METHOD_MODELS[name] = fn
+        return fn
+    return put
 
 
 def _passes(nodes, index, batch: int, rows, ibp_bytes: int, output: str, spec_rows,
@@ -155,7 +217,8 @@ def _backward_peak(nodes, index, gathered, t: int, S: int, eye: bool, batch: int
                    starts: tuple = (1, False, 0)) -> int:
     """The peak of live A-matrix bytes plus gathered parameters in one backward pass from
     node `t` with S rows (what the ledger sees on top of resident parameters and bounds).
-    `starts`: (world, streamed, chunk) for `_starts_at_inputs`."""
+    `starts`: (world, streamed, chunk) for `_starts_at_inputs`. Returns (peak, index of the
+    node visited at the peak)."""
     while (eye and nodes[t].traits.is_view and len(nodes[t].inputs) == 1
            and not nodes[index[nodes[t].inputs[0]]].traits.is_input):
         t = index[nodes[t].inputs[0]]          # unit rows of a view are its input's
@@ -168,13 +231,14 @@ def _backward_peak(nodes, index, gathered, t: int, S: int, eye: bool, batch: int
                 for name in target.inputs}
         a_prev = sum(l for l, _, _ in live.values())
         # the target's parameters are released before its rows enter the ledger
-        peak = max(a_prev, gathered[t])
+        peak, at = max(a_prev, gathered[t]), t
         t -= 1
     else:
         first = (S * math.prod(target.shape) if eye
                  else batch * S * math.prod(target.shape)) * F32
         live = {target.name: (first, first, True)}
         a_prev = first
+        at = t
     for j in range(t, -1, -1):
         node = nodes[j]
         if node.name not in live or node.traits.is_input:
@@ -193,11 +257,13 @@ def _backward_peak(nodes, index, gathered, t: int, S: int, eye: bool, batch: int
                 old = live[name]
                 produced = (size, size, old[2] and produced[2])
             live[name] = produced
-        peak = max(peak, a_prev + new_bytes + gathered[j])
+        if a_prev + new_bytes + gathered[j] > peak:
+            peak, at = a_prev + new_bytes + gathered[j], j
         a_now = sum(l + (0 if sh else u) for l, u, sh in live.values())
-        peak = max(peak, a_now)
+        if a_now > peak:
+            peak, at = a_now, j
         a_prev = a_now
-    return peak
+    return peak, at
 
 
 class _PassBounds:
@@ -262,3 +328,6 @@ def network_shapes(network) -> list[NodeShape]:
                              network.intermediate.get(n.name) == "crown",
                              tuple(weight.shape) if weight is not None else ()))
     return out
+
+
+from shardbound.runtime.accounting import alpha_model  # noqa: E402,F401  (registers alpha-crown)

@@ -32,6 +32,7 @@ import torch
 
 from shardbound.runtime.numerics import contract
 from shardbound.runtime.errors import ShardboundError
+from shardbound.runtime.accounting.guard import check_budget
 from shardbound.runtime.accounting.ledger import MemoryLedger, tensor_bytes
 from shardbound.runtime.ops import Bounds, Op
 from shardbound.runtime.ops.patches import Patches, dense
@@ -78,6 +79,14 @@ class Network:
         # then the dense path's in every order (issue 13's "bounds unchanged"), and orders
         # differ only by rounding; on is an opt-in for speed (bench resnet: 2.6x fewer rows).
         self.sharpen_rows = False
+        # The most rows one backward pass propagates at once (None: all of this rank's):
+        # intermediate passes and plain CROWN final passes go tile by tile. Rows are
+        # independent in every kernel, so under blocked/exact the bits are those of one pass;
+        # the planner (passes/memory_budget.py) sets it through plan.json to fit a budget.
+        self.row_tile: int | None = None
+        # How the memory model sees this run (the loader sets it: fsdp or not, the stream
+        # chunk); with a ledger budget, `bounds` checks the predicted peak before it starts.
+        self.memory_setup: dict | None = None
         self.relaxed_consumers: dict[str, list[Op]] = {n.name: [] for n in self.nodes}
         for n in self.nodes:
             if n.relaxed:
@@ -107,6 +116,9 @@ class Network:
         bounds: dict[str, Bounds] = {}
         held = _Storages()
         for n in self.nodes:
+            self.ledger.where = n.name
+            if not n.is_view and n.inputs:
+                self.ledger.reserve(2 * lower.shape[0] * math.prod(n.shape) * 4, "bounds")
             bounds[n.name] = (_vacuous_nan(n.ibp(*(bounds[i] for i in n.inputs))) if n.inputs
                               else (lower, upper))
             n.release()
@@ -208,8 +220,16 @@ class Network:
         S = spec.shape[1]
         a, b = self.rows.my_range(S)
         self.crown_rows[self.output.name] = S
-        lo, hi = self.backward(self.output, spec[:, a:b], lower, upper, known, alphas, input_A,
-                               lower_only, split_A, extra_A)
+        tile = self.row_tile
+        if (tile and b - a > tile and alphas is None and input_A is None and split_A is None
+                and extra_A is None):          # plain CROWN: the rows go tile by tile
+            parts = [self.backward(self.output, spec[:, r:min(r + tile, b)], lower, upper,
+                                   known, None, None, lower_only) for r in range(a, b, tile)]
+            lo = torch.cat([p[0] for p in parts], dim=1)
+            hi = None if lower_only else torch.cat([p[1] for p in parts], dim=1)
+        else:
+            lo, hi = self.backward(self.output, spec[:, a:b], lower, upper, known, alphas,
+                                   input_A, lower_only, split_A, extra_A)
         ilo, ihi = self._ibp_spec(ibp[self.output.name], C, B)
         if not gather:
             return (torch.maximum(lo, ilo[:, a:b]),
@@ -306,13 +326,23 @@ class Network:
         rows = size if index is None else len(index)
         a, b = self.rows.my_range(rows)
         chosen = (torch.arange(a, b) if index is None else torch.as_tensor(index)[a:b])
-        lo, hi, propagated = self._rows_pass(node, chosen, lower, upper, known)
+        lo, hi, propagated = self._tiled_rows_pass(node, chosen, lower, upper, known)
         self.crown_rows[node.name] = rows if propagated else 0
         self.bounded_rows[node.name] = rows
         both = self.rows.gather(torch.stack([lo, hi], dim=-1), rows)
         if index is not None:
             return both[..., 0], both[..., 1]
         return both[..., 0].reshape(B, *node.shape), both[..., 1].reshape(B, *node.shape)
+
+    def _tiled_rows_pass(self, node: Op, chosen: torch.Tensor, lower, upper, known):
+        """`_rows_pass` over `chosen` in tiles of at most `row_tile` rows, concatenated."""
+        tile = self.row_tile
+        if not tile or len(chosen) <= tile:
+            return self._rows_pass(node, chosen, lower, upper, known)
+        parts = [self._rows_pass(node, chosen[i:i + tile], lower, upper, known)
+                 for i in range(0, len(chosen), tile)]
+        return (torch.cat([p[0] for p in parts], dim=1), torch.cat([p[1] for p in parts], dim=1),
+                any(p[2] for p in parts))
 
     def _rows_pass(self, node: Op, chosen: torch.Tensor, lower, upper, known):
         """(lower, upper, propagated) of the neurons `chosen` of `node`: the node's own
@@ -405,6 +435,8 @@ class Network:
             in_bounds = [known.get(i) for i in n.inputs]
             if split_A is not None and n.splittable:
                 split_A[n.name] = lA
+            self.ledger.where = n.name
+            self._reserve_step(n, lA, uA)
             l_in, u_in, lb, ub = n.crown_backward(lA, uA, in_bounds, alpha=alpha)
             if steps is not None:
                 steps.append(n)
@@ -439,6 +471,17 @@ class Network:
         self.ledger.set("a_matrix", 0)      # this pass's A-matrices are dropped now
         lo = torch.where(torch.isnan(lo), -math.inf, lo)
         return lo, None if hi is None else torch.where(torch.isnan(hi), math.inf, hi)
+
+    def _reserve_step(self, n: Op, lA, uA) -> None:
+        """Ask the ledger's budget for the A-matrices the step of `n` is about to make (dense
+        rows: B x S x each input's elements; one tensor when both sides share, none for a
+        view), so a run that cannot fit stops before allocating them."""
+        if self.ledger.budget is None or n.is_view:
+            return
+        B, S = lA.shape[:2]
+        sides = 1 if (uA is None or (uA is lA and n.backward_memory == "shared")) else 2
+        self.ledger.reserve(sides * B * S * 4 * sum(math.prod(self.by_name[i].shape)
+                                                    for i in n.inputs))
 
     def _concretize(self, A, lower, upper, lower_side: bool) -> torch.Tensor:
         """min (or max) of A x over the box: A.center -/+ |A|.radius, per row."""
@@ -491,6 +534,7 @@ class Network:
                ) -> Bounds:
         """Bounds (B, S) of C @ f(x) over the boxes; lower/upper are (B, *input_shape)."""
         try:
+            check_budget(self, lower, C, method)
             return self._bounds(lower, upper, C, method)
         finally:
             self.ledger.set("bounds", 0)        # intermediate bounds are dropped on return

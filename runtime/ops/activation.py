@@ -118,6 +118,7 @@ class PiecewiseLinear(ElementwiseRelaxation):
     derived here (see the module docstring)."""
 
     tp_roles = ("elementwise",)
+    alpha_saved = (4.5, 12.0)       # measured (Clip, PRelu; Abs 6.1): lines of several pieces
 
     @classmethod
     def summation_note(cls, facts, sums):
@@ -385,6 +386,8 @@ class Clamp(PiecewiseLinear):
     def alpha_init(self, in_bounds):
         lo, hi = in_bounds[0]
         return self._default_t(lo.unsqueeze(1), hi.unsqueeze(1))[:, 0]   # (B, sides, *shape)
+
+    alpha_per_element = 2           # one per side (alpha_init's `sides`)
 
 
 # -- sign ---------------------------------------------------------------------------------------

@@ -30,6 +30,11 @@ Traits (defaults in `Op`):
 - `accepts_patches`: the backward step takes (and gives) A-matrices in patches form (rows
   nonzero only in a window of a (C, H, W) grid: runtime/ops/patches.py); the engine turns
   patches dense before any op that does not declare it.
+- `alpha_saved`: for the memory model of alpha-CROWN (runtime/accounting/alpha_model.py),
+  how many A-matrix-sized tensors the backward step saves for the gradient, in units of
+  B x S x its inputs' elements, (when the incoming A-matrix has no gradient, when it has);
+  `alpha_per_element`: how many alpha values an optimisable op holds per input element;
+  `alpha_saves_weight`: the step also keeps its (gathered) weight for the gradient.
 """
 
 from __future__ import annotations
@@ -94,6 +99,9 @@ class Op:
     splittable = False
     pointwise_affine = False
     accepts_patches = False         # the backward step takes A in patches form (patches.py)
+    alpha_saved = (0.0, 0.25)       # autograd's saved A-sized tensors (alpha_model.py)
+    alpha_per_element = 1           # optimised values per input element (has_alpha ops)
+    alpha_saves_weight = False      # the step keeps its weight for the gradient (alpha_model)
 
     def __init__(self, name: str, inputs: Sequence[str], in_shapes: Sequence[Sequence[int]],
                  shape: Sequence[int] | None = None, params: dict | None = None,

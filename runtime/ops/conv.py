@@ -21,6 +21,7 @@ class Conv2d(Op):
     kind = "conv2d"
     param_roles = ("weight", "bias")
     tp_roles = ("column", "row")
+    alpha_saves_weight = True       # measured: the im2col kernel keeps its weight matrix
 
     # -- what passes ask ------------------------------------------------------------------
     @classmethod

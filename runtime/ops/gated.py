@@ -62,6 +62,7 @@ class Gate(InterceptRelaxation):
 
     increasing = False
     piece_err = 2.0 ** -90
+    alpha_saved = (14.5, 14.5)      # measured (Gelu, both approximations)
     inflection = 1.0
     minimum = -1.0
 

@@ -147,6 +147,8 @@ class InterceptRelaxation(ElementwiseRelaxation):
 
     tp_roles = ("elementwise",)
     has_alpha = True
+    alpha_saved = (10.6, 12.6)      # measured (sigmoid): the slope's range arithmetic
+    alpha_per_element = 2           # both lines' slopes are optimised
     increasing = True           # nondecreasing: IBP is [f(l), f(u)]
     decreasing = False          # nonincreasing: [f(u), f(l)]; neither: `critical_points`
     # (start, stop, "convex" | "concave" | "linear") covering the real line, in order

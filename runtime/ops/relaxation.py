@@ -56,6 +56,7 @@ class ElementwiseRelaxation(Op):
 
     relaxed = True
     backward_memory = "separate"
+    alpha_saved = (2.05, 4.5)       # measured (ReLU): slopes' masks and the clamped A
     accepts_patches = True          # its lines are gathered at each row's window
 
     def relax(self, lo: torch.Tensor, hi: torch.Tensor, alpha=None) -> Lines:

@@ -20,6 +20,7 @@ import math
 import torch
 from safetensors import safe_open
 
+from shardbound.runtime.accounting.ledger import MemoryBudgetExceeded
 from shardbound.runtime.errors import ShardboundError
 
 from shardbound.options import STREAM_CHUNK_KIB  # noqa: E402  (the one default, `--stream-chunk-kib`)
@@ -45,6 +46,7 @@ class ShardedParam:
         self.numel = math.prod(self.shape)
         self.comm, self.ledger = comm, ledger
         start, stop, size = shard_range(self.numel, comm.rank, comm.world)
+        ledger.reserve(size * 4, "resident_param")          # --memory-budget: before reading
         row = math.prod(self.shape[1:]) if len(self.shape) > 1 else 1
         shard = torch.zeros(size, dtype=torch.float32)
         if stop > start:
@@ -58,6 +60,7 @@ class ShardedParam:
         ledger.add("resident_param", self.shard.numel() * 4)
 
     def gather(self) -> torch.Tensor:
+        self.ledger.reserve(self._gathered_bytes(), "gathered_param")
         full = self.comm.all_gather_flat(self.shard)[: self.numel].reshape(self.shape).contiguous()
         self.ledger.add("gathered_param", self._gathered_bytes())
         return full
@@ -88,6 +91,7 @@ class ShardedParam:
         and broadcasts it straight into place."""
         cols = self.shape[1]
         width = c1 - c0
+        self.ledger.reserve((r1 - r0) * width * 4, "gathered_param")
         out = torch.empty((r1 - r0) * width, dtype=torch.float32, device=self.shard.device)
         size = self.shard.numel()
 
@@ -130,6 +134,8 @@ def open_params(path: str, mode: str, comm, ledger,
         with safe_open(path, framework="pt") as f:
             if mode == "fsdp":
                 return {k: ShardedParam(f, k, comm, ledger, chunk_bytes) for k in f.keys()}
+            ledger.reserve(sum(math.prod(f.get_slice(k).get_shape()) * 4 for k in f.keys()),
+                           "resident_param")            # --memory-budget: before reading
             params = {k: f.get_tensor(k).to(comm.device) for k in f.keys()}
         for k, t in params.items():
             if t.dtype != torch.float32:
@@ -140,6 +146,8 @@ def open_params(path: str, mode: str, comm, ledger,
                                       "recompile the model")
     except FileNotFoundError:
         raise ShardboundError(f"{path}: missing; recompile the model") from None
+    except MemoryBudgetExceeded:
+        raise
     except ShardboundError as e:
         text = str(e)
         raise ShardboundError(text if text.startswith(path) else f"{path}: {text}") from None

@@ -138,14 +138,18 @@ def import_program(directory: str):
     return module
 
 
-def load(directory: str, summation: str | None = None, comm=None) -> Verifier:
+def load(directory: str, summation: str | None = None, comm=None,
+         memory_budget: int | None = None) -> Verifier:
     """Load the compiled program in `directory`. `comm` is the process group of a sharded run
-    (default: one process); in fsdp mode each rank then reads only its parameter slices."""
+    (default: one process); in fsdp mode each rank then reads only its parameter slices.
+    `memory_budget` (bytes per rank; default: the budget the program was planned for, if
+    any) makes the ledger stop any run that would pass it (runtime/accounting/guard.py)."""
     plan = read_plan(directory)
     module = import_program(directory)
     check_program(plan, module, directory)
     comm = comm or SingleComm()
-    ledger = MemoryLedger()
+    budget = memory_budget if memory_budget is not None else plan.get("memory_budget_bytes")
+    ledger = MemoryLedger(budget=_positive_int(budget, "memory_budget_bytes"))
     weights = os.path.join(directory, "weights.safetensors")
     mode = module.MODE                  # checked against plan.json above
     # single/fsdp ranks check the values they load (open_params); tp ranks read slices.
@@ -167,4 +171,19 @@ def load(directory: str, summation: str | None = None, comm=None) -> Verifier:
     network.comm = comm
     network.device = comm.device
     network.rows = RowSplit(comm, enabled=mode == "fsdp" and network.order != "fast")
+    network.row_tile = _positive_int(plan.get("row_tile"), "row_tile")
+    network.bab_batch = _positive_int(plan.get("bab_batch"), "bab_batch")
+    network.memory_setup = {"fsdp": mode == "fsdp", "stream_chunk_bytes": stream_chunk_bytes(plan)}
+    if mode == "tp":
+        network.memory_setup = None             # not modelled: the ledger alone guards
     return Verifier(network, plan, directory, module.METHOD)
+
+
+def _positive_int(value, field: str) -> int | None:
+    """An optional plan.json field (or --memory-budget) that must be a positive integer."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ShardboundError(f"plan.json: {field} must be a positive integer, got "
+                              f"{str(value)[:40]!r}; recompile the model")
+    return value

@@ -104,6 +104,8 @@ def _rank_argv(args) -> tuple[list[str], float | None]:
         argv += ["--json", os.path.abspath(args.json)]
     if args.method:
         argv += ["--method", args.method]
+    if args.memory_budget is not None:
+        argv += ["--memory-budget", str(args.memory_budget)]
     if args.quiet:
         argv.append("--quiet")
     return argv, deadline
@@ -141,7 +143,7 @@ def _run_rank(directory: str, args) -> int:
 
     lower, upper = read_box_file(args.box)
     with dist.rank_session(args.threads, args.collective_timeout, args.device) as comm:
-        verifier = load(directory, comm=comm)
+        verifier = load(directory, comm=comm, memory_budget=args.memory_budget)
         as_boxes(lower, upper, verifier.input_shape, where=args.box)  # errors name the file
         method = args.method or verifier.method
         start = time.perf_counter()
@@ -175,11 +177,14 @@ def _run_rank(directory: str, args) -> int:
 
 
 def predicted_peak(verifier, comm, method: str, lb) -> int | None:
-    """The memory model's prediction for this very run (None for alpha-CROWN: not modelled)."""
+    """The memory model's prediction for this very run (None in tp mode: not modelled)."""
     from shardbound.runtime.program.loader import stream_chunk_bytes
     from shardbound.runtime.accounting.memory_model import network_shapes, predict_peak
 
-    if method not in ("ibp", "crown") or verifier.plan["mode"] == "tp":
+    from shardbound.runtime.accounting.memory_model import METHOD_MODELS
+
+    if (method not in ("ibp", "crown") and method not in METHOD_MODELS) \
+            or verifier.plan["mode"] == "tp":
         return None                     # tp: not modelled (bench/tp_memory.py measures it)
     net = verifier.network
     fsdp = verifier.plan["mode"] == "fsdp"
@@ -187,7 +192,7 @@ def predicted_peak(verifier, comm, method: str, lb) -> int | None:
                         batch=lb.shape[0] if lb.dim() > 1 else 1, spec_rows=lb.shape[-1],
                         shard_rows=net.rows.enabled if fsdp else None, method=method,
                         stream_chunk_bytes=stream_chunk_bytes(verifier.plan),
-                        crown_rows=net.bounded_rows)
+                        crown_rows=net.bounded_rows, row_tile=net.row_tile)
     return pred["peak_tracked_bytes"]
 
 

@@ -159,7 +159,7 @@ def run_verify_rank(directory: str, args) -> int:
         with dist.rank_session(args.threads, timeout, args.device) as comm:
             stages = StageLog(started_at, quiet=args.quiet or comm.rank != 0,
                               boxes=len(spec.cases), records=read_prelude(args.verify))
-            verifier = load(directory, comm=comm)
+            verifier = load(directory, comm=comm, memory_budget=args.memory_budget)
             result = verify(verifier, spec, deadline.remaining(), comm,
                             deadline=deadline.monotonic, stages=stages)
             comm.barrier()

@@ -156,9 +156,11 @@ class _CaseRunner:
         if self.net.splittable_nodes():
             budget.check()
             self.start("relu-split")
+            planned = getattr(self.net, "bab_batch", None)      # --memory-budget's plan
             res = relu_split(self.net, self.C, self.d, self.owner, self.lo, self.hi,
                              self.deadline, self.agree, self.is_violation,
-                             progress=self.progress, root_prior=cache[1], stop=budget)
+                             progress=self.progress, root_prior=cache[1], stop=budget,
+                             **({"batch": planned} if planned else {}))
             self.progress.done()
             if res.verdict == "sat":
                 return "sat", self.confirm(res.x)

@@ -1,0 +1,217 @@
+"""Plan for a memory budget: the first plan, in a fixed order, whose predicted peak fits.
+
+`--memory-budget SIZE` is tracked bytes per rank (the ledger's measure: resident and gathered
+parameters, A-matrices, bounds, alpha-CROWN's slopes and autograd). The planner enumerates
+candidate plans in one documented order, predicts each one's per-rank peak with the memory
+model (runtime/accounting/memory_model.py, the same function `run --json` reports as
+`predicted_peak_tracked_bytes`) for every method the program must run, and takes the first
+that fits. The order, cheapest change to the default plan first:
+
+1. ranks P: the given --nproc only; else 1, 2, 3, ... up to MAX_RANKS (fewest ranks first);
+2. mode: single for P = 1, fsdp for P > 1 (the given --mode only, when one was given: fsdp
+   may then run on P = 1; tp is not modelled and is refused with a budget);
+3. row tile: all of a rank's rows in one backward pass first, then tiles of 2^k rows, the
+   largest first (smaller tiles: more, smaller kernel calls; the same bits under
+   blocked/exact);
+4. stream chunk (fsdp with blocked/exact, which stream large weights): --stream-chunk-kib
+   first, then halved down to MIN_CHUNK.
+
+Everything is a pure function of the shapes and the options, so the choice is deterministic.
+A P whose resident weights alone pass the budget is skipped without enumerating it. When no
+candidate fits, the error names the smallest predicted peak over every P tried and what to do.
+For verify (plan_methods holding alpha-crown), the plan also fixes the ReLU branch-and-bound
+batch: the most domains per batch (from BAB_BATCHES) whose alpha-CROWN peak fits.
+
+Method coverage comes from the memory model's registry (`METHOD_MODELS`): a method with a
+registered figure is planned like CROWN; one without is refused by name.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from shardbound.compiler.errors import ShardboundError
+from shardbound.passes.annotations import Annotation
+from shardbound.runtime.accounting.ledger import format_bytes
+from shardbound.runtime.accounting.memory_model import METHOD_MODELS, predict_peak
+
+MAX_RANKS = 64
+MIN_CHUNK = 64 << 10
+BAB_BATCHES = (32, 16, 8, 4, 2, 1)
+BAB_METHOD = "beta-crown"       # the figure batched branch and bound registers, if any
+
+
+@dataclass(frozen=True)
+class Candidate:
+    mode: str
+    nproc: int
+    row_tile: int | None
+    stream_chunk_bytes: int
+
+
+@dataclass(frozen=True)
+class BudgetPlan(Annotation):
+    """The planner's choice (on the input node: `inspect` prints it, plan.json keeps it)."""
+
+    budget: int
+    mode: str
+    nproc: int
+    row_tile: int
+    stream_chunk_kib: int
+    resident_bytes: int
+    peak_bytes: int
+    method: str
+    peak_node: str
+    tried: int
+    bab_batch: int = 0
+
+    def text(self) -> str:
+        tile = f"row tile {self.row_tile}" if self.row_tile else "whole rows"
+        chunk = f", stream chunk {self.stream_chunk_kib} KiB" if self.mode == "fsdp" else ""
+        bab = f", bab batch {self.bab_batch}" if self.bab_batch else ""
+        return (f"--memory-budget {format_bytes(self.budget)} per rank -> {self.mode} P="
+                f"{self.nproc}, {tile}{chunk}{bab}: predicted peak per rank "
+                f"{format_bytes(self.peak_bytes)} ({self.method}, at {self.peak_node}), "
+                f"resident {format_bytes(self.resident_bytes)}; candidate {self.tried} in "
+                "order")
+
+
+def _tiles(max_rows: int) -> list[int | None]:
+    """None (whole rows), then powers of two below `max_rows`, largest first."""
+    out: list[int | None] = [None]
+    k = max(0, (max_rows - 1).bit_length() - 1)
+    while k >= 0 and max_rows > 1:
+        out.append(1 << k)
+        k -= 1
+    return out
+
+
+def _chunks(options, mode: str, nproc: int) -> list[int]:
+    first = options.stream_chunk_bytes
+    if mode != "fsdp" or nproc == 1 or options.summation == "fast":
+        return [first]
+    out, c = [first], first // 2
+    while c >= MIN_CHUNK:
+        out.append(c)
+        c //= 2
+    return out
+
+
+def _ranks(options) -> list[int]:
+    if options.nproc_given:
+        return [options.nproc]
+    if options.mode_given and options.mode == "fsdp":
+        return list(range(1, MAX_RANKS + 1))
+    if options.mode_given and options.mode == "single":
+        return [1]
+    return list(range(1, MAX_RANKS + 1))
+
+
+def _mode_for(options, nproc: int) -> str:
+    if options.mode_given:
+        return options.mode
+    return "single" if nproc == 1 else "fsdp"
+
+
+def candidates(options, max_rows: int, nproc: int):
+    """The candidates for `nproc` ranks, in the documented order."""
+    mode = _mode_for(options, nproc)
+    if mode == "single" and nproc > 1:
+        return
+    for tile in _tiles(max_rows):
+        for chunk in _chunks(options, mode, nproc):
+            yield Candidate(mode, nproc, tile, chunk)
+
+
+def _methods(options) -> tuple[str, ...]:
+    methods = tuple(options.plan_methods) or (options.method,)
+    for m in methods:
+        if m not in ("ibp", "crown") and m not in METHOD_MODELS:
+            raise ShardboundError(f"--memory-budget: the memory model has no figure for method "
+                                  f"{m!r}; plan without a budget or choose another method")
+    return methods
+
+
+def predict(shapes, output: str, cand: Candidate, options, method: str, batch: int = 1,
+            spec_rows: int | None = None) -> dict:
+    """The memory model's per-rank prediction for one candidate plan."""
+    fsdp = cand.mode == "fsdp"
+    return predict_peak(shapes, output, cand.nproc, batch=batch, spec_rows=spec_rows,
+                        shard_rows=(options.summation != "fast") if fsdp else None,
+                        method=method, stream_chunk_bytes=cand.stream_chunk_bytes,
+                        row_tile=cand.row_tile)
+
+
+def _worst(shapes, output, cand, options, methods) -> dict:
+    preds = [dict(predict(shapes, output, cand, options, m), method=m) for m in methods]
+    return max(preds, key=lambda p: p["peak_tracked_bytes"])
+
+
+def choose(shapes, output: str, options, source: str = "model") -> BudgetPlan:
+    """The first candidate whose predicted peak fits `options.memory_budget`, or a one-line
+    ShardboundError with the smallest predicted peak."""
+    budget = int(options.memory_budget)
+    if options.mode_given and options.mode == "tp":
+        raise ShardboundError(f"{source}: --memory-budget with --mode tp: tp's memory is not "
+                              "modelled yet (bench/tp_memory.py measures it); plan with "
+                              "--mode fsdp or single, or drop the budget")
+    methods = _methods(options)
+    max_rows = max([math.prod(s.shape) for s in shapes if s.crown_bounds]
+                   + [math.prod(shapes[-1].shape)] + [1])
+    max_rows = max(max_rows, max((math.prod(s.shape) for s in shapes if s.name == output),
+                                 default=1))
+    smallest = None
+    tried = 0
+    for P in _ranks(options):
+        cands = list(candidates(options, max_rows, P))
+        if not cands:
+            continue
+        floor = _worst(shapes, output, cands[-1], options, methods)   # smallest tile and chunk
+        if smallest is None or floor["peak_tracked_bytes"] < smallest[0]["peak_tracked_bytes"]:
+            smallest = (floor, cands[-1])
+        if floor["peak_tracked_bytes"] > budget:
+            tried += len(cands)
+            continue
+        for cand in cands:
+            tried += 1
+            pred = _worst(shapes, output, cand, options, methods)
+            if pred["peak_tracked_bytes"] <= budget:
+                return BudgetPlan(budget, cand.mode, cand.nproc, cand.row_tile or 0,
+                                  cand.stream_chunk_bytes // 1024,
+                                  int(pred["resident_param_bytes"]),
+                                  int(pred["peak_tracked_bytes"]), pred["method"],
+                                  pred["peak_node"], tried,
+                                  _bab_batch(shapes, output, cand, options, budget, methods))
+    need, cand = smallest
+    more = (f"more ranks than --nproc {options.nproc}" if options.nproc_given
+            else "fsdp instead of --mode single (its ranks share the weights)"
+            if options.mode_given and options.mode == "single"
+            else f"more than {MAX_RANKS} ranks")
+    raise ShardboundError(
+        f"{source}: no plan fits --memory-budget {format_bytes(budget)} per rank: the smallest "
+        f"predicted peak is {format_bytes(need['peak_tracked_bytes'])} "
+        f"({need['peak_tracked_bytes']} bytes: {cand.mode} on P={cand.nproc}, row tile "
+        f"{cand.row_tile or 'all'}, {need['method']}, at node {need['peak_node']!r}); raise the "
+        f"budget to at least that, plan for {more}, or bound with --method ibp")
+
+
+def _bab_batch(shapes, output, cand, options, budget, methods) -> int:
+    """verify: the most branch-and-bound domains per batch whose run fits: beta-CROWN's
+    figure when one is registered (BAB_METHOD), else alpha-CROWN's at that batch (a domain
+    is one box of the batch: its slopes, bounds and A-matrices)."""
+    if "alpha-crown" not in methods or not options.plan_methods:     # verify only
+        return 0
+    method = BAB_METHOD if BAB_METHOD in METHOD_MODELS else "alpha-crown"
+    for b in BAB_BATCHES:
+        if predict(shapes, output, cand, options, method, batch=b)[
+                "peak_tracked_bytes"] <= budget:
+            return b
+    return 1
+
+
+def planned_options(plan: BudgetPlan, options):
+    """`options` with the planner's choice in it (what the pipeline and codegen then use)."""
+    return replace(options, mode=plan.mode, nproc=plan.nproc,
+                   stream_chunk_bytes=plan.stream_chunk_kib * 1024,
+                   row_tile=plan.row_tile or None, bab_batch=plan.bab_batch or None)
