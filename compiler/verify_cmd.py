@@ -65,7 +65,8 @@ def run_verify(args) -> int:
                                    verify_deadline=deadline.wall, started_at=started_at,
                                    nproc=nproc, threads=args.threads, device=args.device,
                                    collective_timeout=max(1.0, deadline.remaining() + 1.0),
-                                   quiet=args.quiet, no_watchdog=True))
+                                   soundness=args.soundness, quiet=args.quiet,
+                                   no_watchdog=True))
     finally:
         if watchdog is not None:
             watchdog.cancel()

@@ -518,3 +518,26 @@ class RigorousBounds:
         # d as read is the float64 nearest a decimal: compare with the next float64 above it
         d_up = np.nextafter(np.asarray(d, np.float64), np.inf)
         return refuted_conjunctions(lb, d_up, owner, n_conj).all(dim=1)
+
+
+def to_float32_outward(lo64: torch.Tensor, hi64: torch.Tensor):
+    """float64 bounds as the float32 bounds that contain them."""
+    lo, hi = lo64.float(), hi64.float()
+    lo = torch.where(lo.double() > lo64, torch.nextafter(lo, torch.full_like(lo, -math.inf)), lo)
+    hi = torch.where(hi.double() < hi64, torch.nextafter(hi, torch.full_like(hi, math.inf)), hi)
+    return lo, hi
+
+
+def rigorous_box_bounds(verifier, lower, upper, soundness: str, lb, ub):
+    """`run --box --soundness real|float32`: the rigorous bounds of every output (float32,
+    rounded outward), intersected with nothing from the float32 engine (lb, ub give the
+    result's shape)."""
+    rig = RigorousBounds(verifier.network, soundness)
+    lo = torch.as_tensor(lower, dtype=_DT).reshape(-1, math.prod(verifier.input_shape))
+    hi = torch.as_tensor(upper, dtype=_DT).reshape(-1, math.prod(verifier.input_shape))
+    lo, hi = rig.outward(lo, hi)
+    eye = torch.eye(math.prod(verifier.output_shape), dtype=_DT)
+    l64 = rig.spec_lower(lo, hi, eye)
+    h64 = -rig.spec_lower(lo, hi, -eye)
+    l32, h32 = to_float32_outward(l64, h64)
+    return l32.reshape(lb.shape), h32.reshape(ub.shape)

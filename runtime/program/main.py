@@ -104,6 +104,8 @@ def _rank_argv(args) -> tuple[list[str], float | None]:
         argv += ["--json", os.path.abspath(args.json)]
     if args.method:
         argv += ["--method", args.method]
+    if args.soundness != "default":
+        argv += ["--soundness", args.soundness]
     if args.quiet:
         argv.append("--quiet")
     return argv, deadline
@@ -146,6 +148,10 @@ def _run_rank(directory: str, args) -> int:
         method = args.method or verifier.method
         start = time.perf_counter()
         lb, ub = verifier.bounds(lower, upper, method=method)
+        if args.soundness != "default":
+            from shardbound.runtime.engine.rigorous import rigorous_box_bounds
+
+            lb, ub = rigorous_box_bounds(verifier, lower, upper, args.soundness, lb, ub)
         elapsed = time.perf_counter() - start
         memory = max_over_ranks(comm.all_gather_objects(verifier.network.ledger.report()))
         memory["predicted_peak_tracked_bytes"] = predicted_peak(verifier, comm, method, lb)
