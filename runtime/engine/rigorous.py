@@ -71,11 +71,14 @@ def up(x: torch.Tensor) -> torch.Tensor:
 
 
 def dot_lower(a: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """A lower bound, in exact arithmetic, of sum(a * v, -1) (a, v broadcast)."""
-    p = a * v
-    n = p.shape[-1]
-    s = p.sum(-1)
-    e = p.abs().sum(-1)
+    """A lower bound, in exact arithmetic, of sum(a * v, -1) (a, v broadcast; a vector v is
+    a matrix-vector product)."""
+    n = a.shape[-1]
+    if v.dim() == 1:
+        s, e = a @ v, a.abs() @ v.abs()
+    else:
+        p = a * v
+        s, e = p.sum(-1), p.abs().sum(-1)
     return down(s - (gamma(n + 1) * e + n * TINY))
 
 
@@ -275,50 +278,57 @@ class _Node:
         hi = up(up(yc + yr) + allowance)
         return _nan_vacuous(lo, hi)
 
-    def back(self, L):
-        """L (B, S, *shape) -> [(L_in, E_in)] per input, bias lower bound (B, S) or None:
-        L_in is the computed coefficient, E_in >= |exact L W - L_in| elementwise."""
+    def back(self, L, mags):
+        """L (B, S, *shape) -> [(L_in, charge)] per input, bias lower bound (B, S) or None.
+        L_in is the computed coefficient; charge (B, S) or None bounds the sum over the input
+        of |exact L W - L_in| times max |input| (mags: (B, 1, *in_shape) per input). For a
+        contraction that is gamma |L| (|W| m): one matrix-vector product, not a second
+        matrix product."""
         B, S = L.shape[:2]
         k = self.kind
-        if k == "linear":
-            L_in = L @ self.w
-            E = up((L.abs() @ self.w_abs) * gamma(self.fan_out() + 1))
-            bias = None if self.b is None else dot_lower(L.reshape(B, S, -1),
-                                                         self.b.expand(self.shape).reshape(-1))
-            return [(L_in, E)], bias
-        if k == "conv2d":
-            flat = L.reshape(B * S, *self.shape)
-            L_in = self._conv_back(flat, self.w).reshape(B, S, *self.in_shapes[0])
-            E = self._conv_back(flat.abs(), self.w_abs).reshape(B, S, *self.in_shapes[0])
-            E = up(E * gamma(self.fan_out() + 1))
+        if k in ("linear", "conv2d"):
+            if k == "linear":
+                L_in = L @ self.w
+            else:
+                flat = L.reshape(B * S, *self.shape)
+                L_in = self._conv_back(flat, self.w).reshape(B, S, *self.in_shapes[0])
+            wm = up(self.apply([mags[0].squeeze(1)], absolute=True)
+                    * (1.0 + gamma(self.fan_in() + 1))).unsqueeze(1)
+            charge = up(sum_upper((L.abs() * wm).reshape(B, S, -1)) * gamma(self.fan_out() + 1))
             bias = None
-            if self.b is not None:
-                bias = dot_lower(L.reshape(B, S, -1),
-                                 self.b.reshape(-1, 1, 1).expand(self.shape).reshape(-1))
-            return [(L_in, E)], bias
+            b = self.bias()
+            if b is not None:
+                bias = dot_lower(L.reshape(B, S, -1), b.expand(self.shape).reshape(-1))
+            return [(L_in, charge)], bias
         if k == "affine":
             if self.scale is None:
-                L_in, E = L, None
+                L_in, charge = L, None
             else:
                 L_in = L * self.scale
-                E = up(L_in.abs() * (1.01 * U64))
+                charge = _product_charge(L_in, mags[0])
             bias = None
             if self.shift is not None:
                 bias = dot_lower(L.reshape(B, S, -1), self.shift.expand(self.shape).reshape(-1))
-            return [(L_in, E)], bias
+            return [(L_in, charge)], bias
         if k == "add":
             out = []
-            for c in self.coeffs:
+            for c, m in zip(self.coeffs, mags):
                 if abs(c) == 1.0:
                     out.append((L * c, None))
                 else:
                     L_in = L * c
-                    out.append((L_in, up(L_in.abs() * (1.01 * U64))))
+                    out.append((L_in, _product_charge(L_in, m)))
             return out, None
         if k in _EXACT_VIEWS:
             (L_in,), _ = self.op.backward_linear(L)
             return [(L_in, None)], None
         raise AssertionError(k)
+
+
+def _product_charge(L_in, m):
+    """sum |L x - fl(L x)| m over an elementwise product's elements: u |L_in| . m."""
+    B, S = L_in.shape[:2]
+    return up(sum_upper((L_in.abs() * m).reshape(B, S, -1)) * (1.01 * U64))
 
 
 def relu_lines(lo, hi):
@@ -394,18 +404,13 @@ class RigorousBounds:
                 mags[name] = torch.maximum(l.abs(), h.abs()).unsqueeze(1)
             return mags[name]
 
-        def charge(name, E):
+        def give(name, L_in, charge):
             nonlocal c
-            m = mag(name)
-            prod = (E * m).reshape(B, S, -1)
-            c = down(c - sum_upper(torch.nan_to_num(prod, nan=math.inf)))
-
-        def give(name, L_in, E):
-            if E is not None:
-                charge(name, E)
+            if charge is not None:
+                c = down(c - torch.nan_to_num(charge, nan=math.inf))
             if name in acc:
                 total = acc[name] + L_in
-                charge(name, up(total.abs() * (1.01 * U64)))
+                c = down(c - torch.nan_to_num(_product_charge(total, mag(name)), nan=math.inf))
                 acc[name] = total
             else:
                 acc[name] = L_in
@@ -433,13 +438,13 @@ class RigorousBounds:
                 t = torch.where(pos, torch.zeros_like(L), t_up.unsqueeze(1).expand_as(L))
                 L_in = L * s
                 c = down(c + dot_lower(L.reshape(B, S, -1), t.reshape(B, S, -1)))
-                give(n.inputs[0], L_in, up(L_in.abs() * (1.01 * U64)))
+                give(n.inputs[0], L_in, _product_charge(L_in, mag(n.inputs[0])))
                 continue
-            parts, bias = n.back(L)
+            parts, bias = n.back(L, [mag(i) for i in n.inputs])
             if bias is not None:
                 c = down(c + bias)
-            for name, (L_in, E) in zip(n.inputs, parts):
-                give(name, L_in, E)
+            for name, (L_in, charge) in zip(n.inputs, parts):
+                give(name, L_in, charge)
         return torch.nan_to_num(c, nan=-math.inf)
 
     def _node_bounds(self, n, bounds, lo, hi):

@@ -163,7 +163,8 @@ def _run_rank(directory: str, args) -> int:
     digest = bounds_sha256(lb, ub)
     if not args.quiet:
         ranks = f", {comm.world} ranks" if comm.world > 1 else ""
-        print(f"# {method} bounds, {lb.numel()} outputs, {elapsed:.3f} s, mode "
+        how = "" if args.soundness == "default" else f" (--soundness {args.soundness}: rigorous)"
+        print(f"# {method} bounds{how}, {lb.numel()} outputs, {elapsed:.3f} s, mode "
               f"{verifier.plan['mode']}{ranks}")
         print(format_table(lb, ub))
         print(f"# bounds_sha256 {digest}")
@@ -172,6 +173,8 @@ def _run_rank(directory: str, args) -> int:
                   "lower": lb.reshape(-1).tolist(), "upper": ub.reshape(-1).tolist(),
                   "bounds_sha256": digest, "threads": args.threads,
                   "seconds": round(elapsed, 6), "memory": memory, "crown_rows": rows}
+        if args.soundness != "default":
+            result["soundness"] = args.soundness
         from shardbound.runtime.program.interrupts import final_output
 
         with final_output() as ok:

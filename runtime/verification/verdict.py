@@ -140,8 +140,8 @@ class _CaseRunner:
             return True
         if self._whole_box is None:
             lo, hi = self.rig.outward(self.case.lower.reshape(1, -1), self.case.upper.reshape(1, -1))
-            self._whole_box = bool(self.rig.refuted(lo, hi, self.C64, self.d, self.owner,
-                                                    self.n_conj)[0])
+            ok = self.rig.refuted(lo, hi, self.C64, self.d, self.owner, self.n_conj)
+            self._whole_box = not self.agree(not bool(ok[0]))
         return self._whole_box
 
     def certify(self):
@@ -149,8 +149,14 @@ class _CaseRunner:
         the domains the rigorous bounds prove; None in default mode."""
         if self.rig is None or self.soundness == "default":
             return None
-        return lambda los, his, splits=None: self.rig.refuted(
-            los, his, self.C64, self.d, self.owner, self.n_conj, splits)
+
+        def certify(los, his, splits=None):
+            ok = self.rig.refuted(los, his, self.C64, self.d, self.owner, self.n_conj, splits)
+            # every rank closes the same domains (float64 bits could differ across ranks
+            # only on different machines; one collective makes it certain)
+            not_ok = self.comm.all_reduce_max((~ok).to(torch.float32)) > 0
+            return ~not_ok
+        return certify
 
     def domain_attack(self, lo, hi):
         """A short attack inside one branch-and-bound domain."""
