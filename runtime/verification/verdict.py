@@ -77,6 +77,11 @@ class _CaseRunner:
         x = x.reshape(-1, *self.net.input_shape).to(self.net.device)
         return self.net.forward(x).reshape(x.shape[0], -1).cpu()
 
+    @property
+    def forward64(self):
+        """The network in float64 on flattened CPU points (covered ops), or None."""
+        return None if self.rig is None else self.rig.forward64
+
     def confirm(self, x) -> tuple[np.ndarray, np.ndarray] | None:
         """A plain forward pass at a float32 point inside the real (float64) box: the point
         evaluated is the point reported. A box too narrow to hold a float32 value in some
@@ -161,7 +166,7 @@ class _CaseRunner:
     def domain_attack(self, lo, hi):
         """A short attack inside one branch-and-bound domain."""
         return pgd(self.forward_flat, lo, hi, self.C, self.d, self.owner, restarts=2, steps=15,
-                   stop=self.budget)
+                   stop=self.budget, forward64=self.forward64)
 
     def agree(self, flag: bool) -> bool:
         return bool(self.comm.all_reduce_max(torch.tensor([float(flag)]))[0] > 0)
@@ -182,7 +187,8 @@ class _CaseRunner:
         budget = self.budget
         budget.check()
         self.start("attack")
-        x = pgd(self.forward_flat, self.lo, self.hi, self.C, self.d, self.owner, stop=budget)
+        x = pgd(self.forward_flat, self.lo, self.hi, self.C, self.d, self.owner, stop=budget,
+                forward64=self.forward64)
         if x is not None and (cex := self.confirm(x)) is not None:
             return "sat", cex
         budget.check()
@@ -223,7 +229,7 @@ class _CaseRunner:
         budget.check()
         self.start("attack-strong")
         x = pgd(self.forward_flat, self.lo, self.hi, self.C, self.d, self.owner,
-                restarts=32, steps=150, seed=1, stop=budget)
+                restarts=32, steps=150, seed=1, stop=budget, forward64=self.forward64)
         if x is not None and (cex := self.confirm(x)) is not None:
             return "sat", cex
         if self.net.splittable_nodes():
