@@ -236,21 +236,19 @@ def test_float32_mode_is_never_fooled_by_a_cancellation(nets):
         assert verdicts[0.25, "real"] == "unsat"
 
 
-@pytest.mark.parametrize("name", ["mlp", "cnn_batchnorm", "residual", "layout_ops",
-                                  "cnn_avgpool"])
-def test_rigorous_bounds_hold_for_float64_and_every_float32_order(nets, name):
+def _check_sampling(v, lower, upper, samples, rng):
+    """Rigorous real / float32 bounds on the box against float64 / float32 evaluations (a
+    quarter of the points on vertices); as tight as the engine's CROWN or tighter, to 1%."""
     from shardbound.runtime.engine.rigorous import RigorousBounds
 
-    v = _compile(nets["tmp"], zoo.build(name)[0], name)
     n = int(np.prod(v.input_shape))
     m = int(np.prod(v.output_shape))
-    rng = np.random.default_rng(1)
-    centre = rng.uniform(-0.5, 0.5, n)
-    lower, upper = centre - 0.2, centre + 0.2
-    xs = rng.uniform(lower, upper, (120, n))
-    xs[:30] = np.where(rng.random((30, n)) < 0.5, lower, upper)            # vertices
+    xs = rng.uniform(lower, upper, (samples, n))
+    k = samples // 4
+    xs[:k] = np.where(rng.random((k, n)) < 0.5, lower, upper)              # vertices
     xs = xs.astype(np.float32).astype(np.float64).clip(lower, upper)
     eye = torch.eye(m, dtype=torch.float64)
+    elb, eub = v.bounds(torch.from_numpy(lower).float(), torch.from_numpy(upper).float())
     for mode in ("real", "float32"):
         rig = RigorousBounds(v.network, mode)
         lo, hi = rig.outward(lower[None], upper[None])
@@ -261,10 +259,31 @@ def test_rigorous_bounds_hold_for_float64_and_every_float32_order(nets, name):
             ys = rig.forward64(torch.from_numpy(xs)).numpy()[None]
         else:
             ys = _all_float32(v, rig, xs)
-        assert (ys >= lb).all() and (ys <= ub).all(), (name, mode)
-        elb, eub = v.bounds(torch.from_numpy(lower).float(), torch.from_numpy(upper).float())
-        # as tight as the engine's CROWN, to well under 1% of its width
+        assert (ys >= lb).all() and (ys <= ub).all(), mode
         assert ((ub - lb) <= (eub - elb).double().numpy().reshape(-1) * 1.01 + 1e-6).all()
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn_batchnorm", "residual", "layout_ops",
+                                  "cnn_avgpool"])
+def test_rigorous_bounds_hold_for_float64_and_every_float32_order(nets, name):
+    v = _compile(nets["tmp"], zoo.build(name)[0], name)
+    rng = np.random.default_rng(1)
+    centre = rng.uniform(-0.5, 0.5, int(np.prod(v.input_shape)))
+    _check_sampling(v, centre - 0.2, centre + 0.2, 120, rng)
+
+
+@pytest.mark.parametrize("net,prop", [
+    ("acasxu/ACASXU_run2a_1_1_batch_2000.onnx", "acasxu/prop_2.vnnlib"),
+    ("mnistfc/mnist-net_256x2.onnx", "mnistfc/prop_0_0.03.vnnlib")])
+def test_rigorous_bounds_hold_on_shared_networks(nets, net, prop):
+    from conftest import shared_path
+    from shardbound.compiler.vnnlib import parse_vnnlib
+
+    path = shared_path(*net.split("/"))
+    case = parse_vnnlib(shared_path(*prop.split("/"))).cases[0]
+    v = _compile(nets["tmp"], onnx.load(path), net.split("/")[0])
+    _check_sampling(v, np.array(case.lower, np.float64), np.array(case.upper, np.float64),
+                    200, np.random.default_rng(2))
 
 
 def test_uncovered_op_is_a_one_line_refusal(nets):
