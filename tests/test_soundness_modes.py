@@ -217,6 +217,14 @@ def test_float32_mode_is_never_fooled_by_a_cancellation(nets):
     y32 = _all_float32(v, rig, x)[:, 0, 0]
     assert float(rig.forward64(torch.from_numpy(x))[0, 0]) == 0.5
     assert y32[1 + ORDERS.index("reversed")] == 0.0     # one summation order loses the 0.5
+    # `run --box --soundness M`'s bounds (float32, rounded outward)
+    from shardbound.runtime.engine.rigorous import rigorous_box_bounds
+
+    shape = torch.zeros(1, 1)
+    lo, hi = rigorous_box_bounds(v, x, x, "real", shape, shape)
+    assert lo.dtype == torch.float32 and lo.item() <= 0.5 <= hi.item() and lo.item() > 0.25
+    lo, hi = rigorous_box_bounds(v, x, x, "float32", shape, shape)
+    assert lo.item() <= y32.min() and hi.item() >= y32.max() and lo.item() < 0
     lower = upper = x[0]
     verdicts = {}
     for t in (0.25, -40.0):
