@@ -70,23 +70,30 @@ def up(x: torch.Tensor) -> torch.Tensor:
     return torch.nextafter(x, torch.full_like(x, math.inf))
 
 
-def dot_lower(a: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """A lower bound, in exact arithmetic, of sum(a * v, -1) (a, v broadcast; a vector v is
-    a matrix-vector product)."""
-    n = a.shape[-1]
+def _rowdot(a: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """sum(a * v, -1) for a (B, S, n) and v (n,) or (B, 1, n), as a matrix product."""
     if v.dim() == 1:
-        s, e = a @ v, a.abs() @ v.abs()
+        return a @ v
+    return (a @ v.transpose(-1, -2)).squeeze(-1)
+
+
+def dot_lower(a: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """A lower bound, in exact arithmetic, of sum(a * v, -1) (a (B, S, n); v (n,), (B, 1, n)
+    or a's shape)."""
+    n = a.shape[-1]
+    if v.dim() == 1 or (v.dim() == a.dim() and v.shape[-2] == 1):
+        s, e = _rowdot(a, v), _rowdot(a.abs(), v.abs())
     else:
         p = a * v
         s, e = p.sum(-1), p.abs().sum(-1)
     return down(s - (gamma(n + 1) * e + n * TINY))
 
 
-def sum_upper(t: torch.Tensor) -> torch.Tensor:
-    """An upper bound, in exact arithmetic, of sum(t, -1) for t >= 0 whose elements are
-    upper bounds of products (computed here, one rounding each)."""
-    n = t.shape[-1]
-    return up(t.sum(-1) * (1.0 + gamma(n + 1)) + n * TINY)
+def absdot_upper(a: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """An upper bound, in exact arithmetic, of sum(|a| * v, -1) for v >= 0 (shapes as
+    `_rowdot`)."""
+    n = a.shape[-1]
+    return up(_rowdot(a.abs(), v) * (1.0 + gamma(n + 1)) + n * TINY)
 
 
 def _nan_vacuous(lo, hi):
@@ -293,12 +300,17 @@ class _Node:
                 flat = L.reshape(B * S, *self.shape)
                 L_in = self._conv_back(flat, self.w).reshape(B, S, *self.in_shapes[0])
             wm = up(self.apply([mags[0].squeeze(1)], absolute=True)
-                    * (1.0 + gamma(self.fan_in() + 1))).unsqueeze(1)
-            charge = up(sum_upper((L.abs() * wm).reshape(B, S, -1)) * gamma(self.fan_out() + 1))
+                    * (1.0 + gamma(self.fan_in() + 1)))
+            flat = L.reshape(B, S, -1)
+            La = flat.abs()
+            n = La.shape[-1]
+            charge = up(up(_rowdot(La, wm.reshape(B, 1, -1)) * (1.0 + gamma(n + 1)) + n * TINY)
+                        * gamma(self.fan_out() + 1))
             bias = None
             b = self.bias()
             if b is not None:
-                bias = dot_lower(L.reshape(B, S, -1), b.expand(self.shape).reshape(-1))
+                bv = b.expand(self.shape).reshape(-1)
+                bias = down(flat @ bv - (gamma(n + 1) * (La @ bv.abs()) + n * TINY))
             return [(L_in, charge)], bias
         if k == "affine":
             if self.scale is None:
@@ -328,7 +340,7 @@ class _Node:
 def _product_charge(L_in, m):
     """sum |L x - fl(L x)| m over an elementwise product's elements: u |L_in| . m."""
     B, S = L_in.shape[:2]
-    return up(sum_upper((L_in.abs() * m).reshape(B, S, -1)) * (1.01 * U64))
+    return up(absdot_upper(L_in.reshape(B, S, -1), m.reshape(m.shape[0], 1, -1)) * (1.01 * U64))
 
 
 def relu_lines(lo, hi):
@@ -429,16 +441,22 @@ class RigorousBounds:
             if self.float32:
                 delta = self._delta[n.name]
                 if delta is not None:
-                    c = down(c - sum_upper((L.abs() * delta.unsqueeze(1)).reshape(B, S, -1)))
+                    c = down(c - absdot_upper(L.reshape(B, S, -1), delta.reshape(B, 1, -1)))
             if n.kind == "relu":
                 zl, zh = bounds[n.inputs[0]]
                 s_low, s_up, t_up = relu_lines(zl, zh)
-                pos = L >= 0
-                s = torch.where(pos, s_low.unsqueeze(1), s_up.unsqueeze(1))
-                t = torch.where(pos, torch.zeros_like(L), t_up.unsqueeze(1).expand_as(L))
-                L_in = L * s
-                c = down(c + dot_lower(L.reshape(B, S, -1), t.reshape(B, S, -1)))
-                give(n.inputs[0], L_in, _product_charge(L_in, mag(n.inputs[0])))
+                # positive coefficients take the lower line (slope 0 or 1: exact products,
+                # no intercept), negative ones the upper line (rounded products: charged)
+                Ln = L.clamp(max=0)
+                L_in = (L - Ln) * s_low.unsqueeze(1) + Ln * s_up.unsqueeze(1)
+                Lna = (-Ln).reshape(B, S, -1)
+                k = Lna.shape[-1]
+                tv = t_up.reshape(t_up.shape[0], 1, -1)
+                c = down(c - up(_rowdot(Lna, tv) * (1.0 + gamma(k + 1)) + k * TINY))
+                sm = up(s_up.unsqueeze(1) * mag(n.inputs[0])).reshape(B, 1, -1)
+                charge = up(up(_rowdot(Lna, sm) * (1.0 + gamma(k + 1)) + k * TINY)
+                            * (1.01 * U64))
+                give(n.inputs[0], L_in, charge)
                 continue
             parts, bias = n.back(L, [mag(i) for i in n.inputs])
             if bias is not None:
