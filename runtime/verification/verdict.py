@@ -31,6 +31,8 @@ from shardbound.runtime.verification.stages import StageLog
 from shardbound.runtime.verification.spec import Spec, SpecCase, inside_box, outward_box, violated_conjunctions
 
 SPLIT_MAX_INPUTS = 16     # input splitting beyond this many inputs rarely finishes
+# default mode confirms counterexamples in float64 too for networks up to this many weights
+DEFAULT_FLOAT64_ELEMENTS = 1 << 22
 
 
 @dataclass
@@ -274,6 +276,11 @@ def rigorous_for(network, soundness: str):
     try:
         check_covered(network, "real")
     except ShardboundError:
+        return None
+    # a float64 copy of the weights: not for networks where that costs real memory
+    elements = sum(p.numel() if isinstance(p, torch.Tensor) else int(getattr(p, "numel", 0))
+                   for n in network.nodes for p in n.params.values() if p is not None)
+    if elements > DEFAULT_FLOAT64_ELEMENTS:
         return None
     return RigorousBounds(network, "real")
 
