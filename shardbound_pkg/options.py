@@ -29,6 +29,7 @@ SUMMATIONS = ("blocked", "exact", "fast")
 METHODS = ("ibp", "crown", "alpha-crown")
 INTERMEDIATE = ("crown", "ibp")
 DEVICES = ("cpu", "cuda", "auto")
+SOUNDNESS = ("default", "real", "float32")
 
 STREAM_CHUNK_KIB = 4096          # fsdp: the most of one weight matrix a rank gathers at once
 MAX_ELEMENTS = 1 << 26           # the largest tensor a model may declare or compute (256 MiB f32)
@@ -219,6 +220,13 @@ FLAGS: dict[str, Flag] = {f.dest if not f.positional else f.names[0]: f for f in
     _flag("--device", choices=DEVICES, default="cpu",
           help="where to bound: cpu (default; gloo between ranks), cuda (nccl), or auto "
                "(cuda when available)"),
+    _flag("--soundness", choices=SOUNDNESS, default="default",
+          help="what unsat and bounds are sound for: default (the float32 engine; verdicts "
+               "strict, counterexamples confirmed in float32 or float64), real (a rigorous "
+               "enclosure of the network in exact arithmetic: float64 bounds with every "
+               "rounding error accounted), float32 (also every float32 evaluation of the "
+               "network, any summation order or FMA); real and float32 cover Gemm/MatMul, "
+               "Conv, ReLU, affine, Add and layout views, and refuse other ops in one line"),
     _flag("-q", "--quiet", action="store_true", default=False,
           help="no stage lines, tables or summaries: only errors and the answer a script "
                "reads (verify's verdict line; run's --json file; compile's files)"),
@@ -228,7 +236,8 @@ FLAGS: dict[str, Flag] = {f.dest if not f.positional else f.names[0]: f for f in
 _PLAN = ("mode", "method", "intermediate", "tp_intermediate", "summation", "stream_chunk_kib",
          "max_elements", "nproc", "memory_budget")
 _RUN = ("box", "verify", "result", "verify_timeout", "verify_deadline", "started_at", "json",
-        "method", "nproc", "threads", "device", "collective_timeout", "memory_budget", "quiet")
+        "method", "nproc", "threads", "device", "collective_timeout", "memory_budget",
+        "soundness", "quiet")
 COMMANDS: dict[str, tuple[str, ...]] = {
     "compile": ("model", "out", *_PLAN, "quiet"),
     "inspect": ("model", *_PLAN, "raw"),
@@ -236,7 +245,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "program": _RUN,
     "verify": ("model", "property", "mode", "nproc", "summation", "tp_intermediate",
                "stream_chunk_kib", "max_elements", "memory_budget", "timeout", "result",
-               "json", "threads", "device", "out", "quiet"),
+               "json", "threads", "device", "soundness", "out", "quiet"),
 }
 REQUIRED_ONE_OF = {"run": ("box", "verify"), "program": ("box", "verify")}
 
@@ -329,6 +338,7 @@ class RunOptions:
     device: str = FLAGS["device"].default
     collective_timeout: float = FLAGS["collective_timeout"].default
     memory_budget: int | None = None
+    soundness: str = FLAGS["soundness"].default
     quiet: bool = False
     no_watchdog: bool = False        # verify answers late itself: the rank's watchdog is off
 

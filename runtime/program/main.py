@@ -106,6 +106,8 @@ def _rank_argv(args) -> tuple[list[str], float | None]:
         argv += ["--method", args.method]
     if args.memory_budget is not None:
         argv += ["--memory-budget", str(args.memory_budget)]
+    if args.soundness != "default":
+        argv += ["--soundness", args.soundness]
     if args.quiet:
         argv.append("--quiet")
     return argv, deadline
@@ -148,6 +150,10 @@ def _run_rank(directory: str, args) -> int:
         method = args.method or verifier.method
         start = time.perf_counter()
         lb, ub = verifier.bounds(lower, upper, method=method)
+        if args.soundness != "default":
+            from shardbound.runtime.engine.rigorous import rigorous_box_bounds
+
+            lb, ub = rigorous_box_bounds(verifier, lower, upper, args.soundness, lb, ub)
         elapsed = time.perf_counter() - start
         memory = max_over_ranks(comm.all_gather_objects(verifier.network.ledger.report()))
         memory["predicted_peak_tracked_bytes"] = predicted_peak(verifier, comm, method, lb)
@@ -159,7 +165,8 @@ def _run_rank(directory: str, args) -> int:
     digest = bounds_sha256(lb, ub)
     if not args.quiet:
         ranks = f", {comm.world} ranks" if comm.world > 1 else ""
-        print(f"# {method} bounds, {lb.numel()} outputs, {elapsed:.3f} s, mode "
+        how = "" if args.soundness == "default" else f" (--soundness {args.soundness}: rigorous)"
+        print(f"# {method} bounds{how}, {lb.numel()} outputs, {elapsed:.3f} s, mode "
               f"{verifier.plan['mode']}{ranks}")
         print(format_table(lb, ub))
         print(f"# bounds_sha256 {digest}")
@@ -168,6 +175,8 @@ def _run_rank(directory: str, args) -> int:
                   "lower": lb.reshape(-1).tolist(), "upper": ub.reshape(-1).tolist(),
                   "bounds_sha256": digest, "threads": args.threads,
                   "seconds": round(elapsed, 6), "memory": memory, "crown_rows": rows}
+        if args.soundness != "default":
+            result["soundness"] = args.soundness
         from shardbound.runtime.program.interrupts import final_output
 
         with final_output() as ok:

@@ -161,7 +161,8 @@ def run_verify_rank(directory: str, args) -> int:
                               boxes=len(spec.cases), records=read_prelude(args.verify))
             verifier = load(directory, comm=comm, memory_budget=args.memory_budget)
             result = verify(verifier, spec, deadline.remaining(), comm,
-                            deadline=deadline.monotonic, stages=stages)
+                            deadline=deadline.monotonic, stages=stages,
+                            soundness=args.soundness)
             comm.barrier()
         if comm.rank != 0:
             return 0
@@ -174,6 +175,7 @@ def run_verify_rank(directory: str, args) -> int:
             if args.json:
                 extra = {"mode": verifier.plan["mode"], "world_size": comm.world,
                          "summation": verifier.plan["summation"],
+                         "soundness": args.soundness,
                          "verify_seconds": round(result.seconds, 6)}
                 write_output(args.json, report_json(
                     result.verdict, spec.source, since, result.records, result.decided,

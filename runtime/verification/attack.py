@@ -14,12 +14,15 @@ import torch
 
 def pgd(forward, lo: torch.Tensor, hi: torch.Tensor, C: torch.Tensor, d: np.ndarray,
         owner: np.ndarray, restarts: int = 8, steps: int = 60, seed: int = 0,
-        stop=None) -> torch.Tensor | None:
+        stop=None, forward64=None) -> torch.Tensor | None:
     """A point x in [lo, hi] (flattened) with all rows of some conjunction satisfied, or None.
 
     forward: (N, n) -> (N, m) flattened outputs. C (R, m), d (R,), owner (R,) conjunction index.
     stop() (a time budget, the same answer on every rank) is asked before each step: the
     search then ends with None unless the points evaluated so far hold a hit.
+    A hit is a margin <= 0 (the region is non-strict) in float32 or, for the same float32
+    outputs, in float64 (a threshold that float32 rounds past); with `forward64` (the
+    network in float64) the last points are evaluated that way too.
     """
     groups = [np.nonzero(owner == j)[0] for j in range(int(owner.max()) + 1)] if len(owner) else []
     if not groups:
@@ -36,14 +39,25 @@ def pgd(forward, lo: torch.Tensor, hi: torch.Tensor, C: torch.Tensor, d: np.ndar
     for j, rows in enumerate(groups):
         masks[j * restarts:(j + 1) * restarts, torch.as_tensor(rows)] = True
     momentum = torch.zeros_like(x)
+    C64, d64 = C.double(), torch.from_numpy(np.asarray(d, np.float64))
+
+    def worst_of(margins):
+        return torch.where(masks, margins, torch.full_like(margins, -torch.inf)).max(dim=1).values
+
     for it in range(steps + 1):
         x = x.detach().requires_grad_(True)
-        margins = forward(x) @ C.T - d_t                        # (N, R)
-        worst = torch.where(masks, margins, torch.full_like(margins, -torch.inf)).max(dim=1).values
-        hit = (worst <= 0).nonzero()
+        y = forward(x)
+        margins = y @ C.T - d_t                                 # (N, R)
+        worst = worst_of(margins)
+        hit = ((worst <= 0) | (worst_of(y.detach().double() @ C64.T - d64) <= 0)).nonzero()
         if len(hit):
             return x[int(hit[0])].detach()
         if it == steps or (stop is not None and stop()):
+            if forward64 is not None:
+                with torch.no_grad():
+                    hit = (worst_of(forward64(x.detach()) @ C64.T - d64) <= 0).nonzero()
+                if len(hit):
+                    return x[int(hit[0])].detach()
             break
         (grad,) = torch.autograd.grad(worst.sum(), x)
         with torch.no_grad():

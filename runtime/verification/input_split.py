@@ -73,8 +73,16 @@ def closeness(lb: torch.Tensor, d: np.ndarray, owner: np.ndarray, n_conj: int) -
 class DomainBounds:
     """Bounds batches of boxes: (done, closeness, split key) per box."""
 
-    def __init__(self, network, C, d, owner, chunk: int = 1024, root_prior=None):
+    def __init__(self, network, C, d, owner, chunk: int = 1024, root_prior=None, certify=None,
+                 vertex_check=None):
         self.network, self.C, self.d, self.owner = network, C, d, owner
+        # certify(los, his) -> (b,) bool: --soundness real/float32, the boxes the rigorous
+        # bounds prove (a box the float32 bounds prove but these do not stays open).
+        self.certify = certify
+        # vertex_check(points) -> index of a confirmed counterexample or None: the
+        # bound-minimising vertex of every open box's rows is tried (`hit` keeps it).
+        self.vertex_check = vertex_check
+        self.hit = None
         self.root_prior = root_prior    # bounds known on the root box (its first call)
         self.n_conj = int(owner.max()) + 1
         self.chunk = chunk
@@ -121,7 +129,18 @@ class DomainBounds:
         lb, lA = lb.cpu(), grab["lA"].cpu().reshape(b, self.C.shape[0], -1)
         self.bounded += b
         refuted = refuted_conjunctions(lb, self.d, self.owner, self.n_conj)
+        if self.certify is not None:
+            claimed = refuted.all(dim=1)
+            if bool(claimed.any()):
+                ok = torch.zeros(b, dtype=torch.bool)
+                ok[claimed] = self.certify(los[claimed], his[claimed])
+                refuted[claimed & ~ok] = False          # not proved: open, every row
         open_rows = ~refuted[:, torch.from_numpy(self.owner)]                     # (b, R)
+        if self.vertex_check is not None and self.hit is None and bool(open_rows.any()):
+            verts = torch.where(lA > 0, los.unsqueeze(1), his.unsqueeze(1))[open_rows]
+            i = self.vertex_check(verts)
+            if i is not None:
+                self.hit = verts[i]
         key = (lA.abs() * open_rows.unsqueeze(-1)).sum(dim=1) * (his - los)
         return refuted.all(dim=1), closeness(lb, self.d, self.owner, self.n_conj), key, flat
 
@@ -138,7 +157,7 @@ def _candidates(key, los, his, root_width):
 
 def input_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violation,
                 batch: int = 512, progress=None, attack=None, attack_domains: int = 4,
-                root_prior=None, stop=None) -> BabResult:
+                root_prior=None, stop=None, certify=None) -> BabResult:
     """Prove or refute {x in [lo, hi]: some conjunction of C f(x) <= d} by input splitting.
 
     agree(flag) -> bool: the flag OR-ed over ranks (so every rank stops together).
@@ -153,11 +172,14 @@ def input_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violati
     """
     if stop is None:
         stop = lambda: agree(time.monotonic() > deadline)          # noqa: E731
-    bound = DomainBounds(network, C, d, owner, root_prior=root_prior)
+    bound = DomainBounds(network, C, d, owner, root_prior=root_prior, certify=certify,
+                         vertex_check=is_violation)
     los, his = lo.reshape(1, -1).clone(), hi.reshape(1, -1).clone()
     n = los.shape[1]
     root_width = (hi - lo).reshape(1, -1)
     done, close, key, kb = bound(los, his)
+    if bound.hit is not None:
+        return BabResult("sat", x=bound.hit, domains=bound.bounded)
     if bool(done[0]):
         return BabResult("unsat", domains=1, verified_fraction=1.0)
     max_domains = min(MAX_DOMAINS, KEPT_BOUNDS_BYTES // max(1, kb[0].numel() * 4))
@@ -207,6 +229,9 @@ def input_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violati
             c_done[live], c_close[live] = dn.reshape(-1, 2), cl.reshape(-1, 2)
             c_key[live] = ky.reshape(-1, 2, n)
             c_kb[live] = cb.reshape(-1, 2, *bkb.shape[1:])
+        if bound.hit is not None:
+            return BabResult("sat", x=bound.hit, domains=bound.bounded,
+                             verified_fraction=verified)
         value = c_close.clamp(max=0).sum(dim=2)                               # (take, k)
         value = torch.where(stuck, torch.full_like(value, -float("inf")), value)
         best = value.argmax(dim=1)

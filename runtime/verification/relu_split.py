@@ -101,14 +101,17 @@ def _optimise(network, ibp, known, lo, hi, C, splits, lb, which, iterations, sto
 
 def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violation,
                batch: int = 32, progress=None, iterations: int = DEFAULT_ITERATIONS,
-               root_prior=None, stop=None) -> ReluBabResult:
+               root_prior=None, stop=None, certify=None) -> ReluBabResult:
     """Prove or refute {x in [lo, hi]: some conjunction of C f(x) <= d} by ReLU splitting.
 
     agree(flag) -> bool: the flag OR-ed over ranks. is_violation(x (N, n)) -> index of a
     confirmed counterexample row, or None. root_prior: intermediate bounds known on the box
     (keyed like `Network.intermediate_bounds`' planned bounds), inherited by every domain.
     stop() -> bool: the time budget, agreed over ranks (default: `deadline`, agreed with
-    `agree`), asked before each round and inside beta-CROWN's optimisation."""
+    `agree`), asked before each round and inside beta-CROWN's optimisation.
+    certify(los, his, splits) -> (b,) bool: --soundness real/float32, the domains the
+    rigorous bounds prove (with the split assumptions as clamps); a domain the float32
+    bounds prove but these do not stays open and is split further."""
     if stop is None:
         stop = lambda: agree(time.monotonic() > deadline)          # noqa: E731
     relus = split_ops(network)
@@ -174,6 +177,13 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
                 lA = lA.clone()
                 lA[idx] = beta_lA.reshape(len(idx), C.shape[0], -1)
         done = refuted.all(dim=1) | empty
+        if certify is not None and bool(done.any()):
+            ok = torch.zeros(take, dtype=torch.bool)
+            sub = {k: v[done.to(v.device)] for k, v in splits.items()}
+            ok[done] = certify(blo[done.to(dev)].reshape(int(done.sum()), -1).cpu(),
+                               bhi[done.to(dev)].reshape(int(done.sum()), -1).cpu(), sub)
+            refuted[done & ~ok] = False                 # not proved: open, every row
+            done = done & ok
         verified += float(torch.pow(0.5, ddepth[done]).sum())
         open_ = ~done
         if progress is not None:

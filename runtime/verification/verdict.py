@@ -31,6 +31,8 @@ from shardbound.runtime.verification.stages import StageLog
 from shardbound.runtime.verification.spec import Spec, SpecCase, inside_box, outward_box, violated_conjunctions
 
 SPLIT_MAX_INPUTS = 16     # input splitting beyond this many inputs rarely finishes
+# default mode confirms counterexamples in float64 too for networks up to this many weights
+DEFAULT_FLOAT64_ELEMENTS = 1 << 22
 
 
 @dataclass
@@ -53,8 +55,12 @@ class Result:
 
 
 class _CaseRunner:
-    def __init__(self, verifier, case: SpecCase, budget: Budget, comm, progress, start):
+    def __init__(self, verifier, case: SpecCase, budget: Budget, comm, progress, start,
+                 soundness: str = "default", rigorous=None):
         self.net = verifier.network
+        self.soundness = soundness
+        self.rig = rigorous          # RigorousBounds: float64 forward, and certificates
+        self._whole_box = None       # the rigorous verdict on the whole box, once
         self.case = case
         self.budget = budget
         self.deadline = budget.deadline if budget.deadline is not None else float("inf")
@@ -63,6 +69,8 @@ class _CaseRunner:
         self.start = start          # start(stage): a stage line, and its record
         self.lo, self.hi = outward_box(case.lower, case.upper)
         self.C, self.d, self.owner = case.stacked()
+        self.C64 = self.C.double() if not case.conjunctions else torch.from_numpy(
+            np.concatenate([k.C for k in case.conjunctions], axis=0))
         self.n_conj = len(case.conjunctions)
 
     def forward_flat(self, x):
@@ -71,10 +79,19 @@ class _CaseRunner:
         x = x.reshape(-1, *self.net.input_shape).to(self.net.device)
         return self.net.forward(x).reshape(x.shape[0], -1).cpu()
 
+    @property
+    def forward64(self):
+        """The network in float64 on flattened CPU points (covered ops), or None."""
+        return None if self.rig is None else self.rig.forward64
+
     def confirm(self, x) -> tuple[np.ndarray, np.ndarray] | None:
         """A plain forward pass at a float32 point inside the real (float64) box: the point
         evaluated is the point reported. A box too narrow to hold a float32 value in some
-        input (l == u not representable) has no such point: nothing is confirmed there."""
+        input (l == u not representable) has no such point: nothing is confirmed there.
+        The VNN-LIB region is non-strict (C y <= d): slack exactly 0 is a counterexample.
+        Where the float32 pass does not violate, the network evaluated in float64 at the
+        same float32 point (covered ops) may: either confirmation is a counterexample, and
+        the output reported is the evaluation that violated."""
         x = inside_box(x.reshape(-1), self.case.lower, self.case.upper)
         xd = x.double().numpy()
         if not bool(np.all((xd >= self.case.lower) & (xd <= self.case.upper))):
@@ -83,20 +100,75 @@ class _CaseRunner:
             y = self.forward_flat(x.reshape(1, -1))[0]
         if violated_conjunctions(y, self.case):
             return x.numpy().astype(np.float64), y.numpy().astype(np.float64)
+        if self.rig is not None:
+            y64 = self.rig.forward64(x.reshape(1, -1))[0]
+            if violated_conjunctions(y64, self.case):
+                return x.numpy().astype(np.float64), y64.numpy()
         return None
 
+    def _violating(self, ys) -> np.ndarray:
+        """(N,) bool: the outputs ys (N, m) that meet some conjunction (C y <= d, float64)."""
+        yv = ys.detach().double().reshape(ys.shape[0], -1).numpy()
+        hit = np.zeros(len(yv), dtype=bool)
+        for k in self.case.conjunctions:
+            hit |= np.all(yv @ k.C.T <= k.d, axis=1)
+        return hit
+
     def is_violation(self, xs):
+        """The first of the points xs (N, n) confirmed as a counterexample (float32 or
+        float64 evaluation, see `confirm`), or None."""
         with torch.no_grad():
-            ys = self.forward_flat(xs)
-        for i in range(xs.shape[0]):
-            if violated_conjunctions(ys[i], self.case) and self.confirm(xs[i]) is not None:
+            hit = self._violating(self.forward_flat(xs))
+            if self.rig is not None:
+                hit |= self._violating(self.rig.forward64(xs.cpu()))
+        for i in np.nonzero(hit)[0].tolist():
+            if self.confirm(xs[i]) is not None:
                 return i
         return None
+
+    def vertex_counterexample(self, lA, open_rows=None):
+        """The box vertex minimising each row's linear lower bound (lA (1, R, n)), tried as a
+        counterexample: where the bound is exact up to rounding (a linear region) and the
+        threshold is met with slack 0, this is the point."""
+        lA = lA.reshape(lA.shape[0], lA.shape[1], -1).cpu()
+        verts = torch.where(lA > 0, self.lo.reshape(1, 1, -1), self.hi.reshape(1, 1, -1))
+        verts = verts.reshape(-1, verts.shape[-1])
+        if open_rows is not None:
+            verts = verts[open_rows.reshape(-1)]
+        if not len(verts):
+            return None
+        i = self.is_violation(verts)
+        return None if i is None else self.confirm(verts[i])
+
+    def certified(self) -> bool:
+        """--soundness real/float32: the whole box proved by the rigorous bounds (computed
+        once per case); default mode: True (the engine's float32 bounds decide)."""
+        if self.rig is None or self.soundness == "default":
+            return True
+        if self._whole_box is None:
+            lo, hi = self.rig.outward(self.case.lower.reshape(1, -1), self.case.upper.reshape(1, -1))
+            ok = self.rig.refuted(lo, hi, self.C64, self.d, self.owner, self.n_conj)
+            self._whole_box = not self.agree(not bool(ok[0]))
+        return self._whole_box
+
+    def certify(self):
+        """For branch and bound in --soundness real/float32: (los, his, splits) -> (B,) bool,
+        the domains the rigorous bounds prove; None in default mode."""
+        if self.rig is None or self.soundness == "default":
+            return None
+
+        def certify(los, his, splits=None):
+            ok = self.rig.refuted(los, his, self.C64, self.d, self.owner, self.n_conj, splits)
+            # every rank closes the same domains (float64 bits could differ across ranks
+            # only on different machines; one collective makes it certain)
+            not_ok = self.comm.all_reduce_max((~ok).to(torch.float32)) > 0
+            return ~not_ok
+        return certify
 
     def domain_attack(self, lo, hi):
         """A short attack inside one branch-and-bound domain."""
         return pgd(self.forward_flat, lo, hi, self.C, self.d, self.owner, restarts=2, steps=15,
-                   stop=self.budget)
+                   stop=self.budget, forward64=self.forward64)
 
     def agree(self, flag: bool) -> bool:
         return bool(self.comm.all_reduce_max(torch.tensor([float(flag)]))[0] > 0)
@@ -117,17 +189,25 @@ class _CaseRunner:
         budget = self.budget
         budget.check()
         self.start("attack")
-        x = pgd(self.forward_flat, self.lo, self.hi, self.C, self.d, self.owner, stop=budget)
+        x = pgd(self.forward_flat, self.lo, self.hi, self.C, self.d, self.owner, stop=budget,
+                forward64=self.forward64)
         if x is not None and (cex := self.confirm(x)) is not None:
             return "sat", cex
         budget.check()
         self.start("crown")
         with torch.no_grad():
             cache = self.net.intermediate_bounds(lo, hi)
-            lb, _ = self.net.final_crown(*cache, lo, hi, C_dev)
+            grab = {}
+            lb, _ = self.net.final_crown(*cache, lo, hi, C_dev, input_A=grab)
             lb = lb.cpu()
         if self.refuted(lb):
-            return "unsat", None
+            # Before `unsat`: the vertex that minimises CROWN's linear bound (a threshold
+            # the network attains there with slack 0 is sat, whatever the rounding of lb).
+            cex = self.vertex_counterexample(grab["lA"])
+            if cex is not None:
+                return "sat", cex
+            if self.certified():
+                return "unsat", None
         # Tighter intermediate bounds for alpha-CROWN, and the root prior of branch and bound.
         budget.check()
         self.start("intermediate")
@@ -136,13 +216,14 @@ class _CaseRunner:
         self.start("alpha-crown")
         lb, _ = alpha_mod.alpha_crown(self.net, lo, hi, C_dev, cache=cache, stop=budget)
         lb = lb.cpu()
-        if self.refuted(lb):
+        if self.refuted(lb) and self.certified():
             return "unsat", None
         if self.lo.numel() <= SPLIT_MAX_INPUTS:
             self.start("input-split")
             res = input_split(self.net, self.C, self.d, self.owner, self.lo, self.hi,
                               self.deadline, self.agree, self.is_violation, progress=self.progress,
-                              attack=self.domain_attack, root_prior=cache[1], stop=budget)
+                              attack=self.domain_attack, root_prior=cache[1], stop=budget,
+                              certify=self.certify())
             self.progress.done()
             if res.verdict == "sat":
                 return "sat", self.confirm(res.x)
@@ -150,7 +231,7 @@ class _CaseRunner:
         budget.check()
         self.start("attack-strong")
         x = pgd(self.forward_flat, self.lo, self.hi, self.C, self.d, self.owner,
-                restarts=32, steps=150, seed=1, stop=budget)
+                restarts=32, steps=150, seed=1, stop=budget, forward64=self.forward64)
         if x is not None and (cex := self.confirm(x)) is not None:
             return "sat", cex
         if self.net.splittable_nodes():
@@ -160,6 +241,7 @@ class _CaseRunner:
             res = relu_split(self.net, self.C, self.d, self.owner, self.lo, self.hi,
                              self.deadline, self.agree, self.is_violation,
                              progress=self.progress, root_prior=cache[1], stop=budget,
+                             certify=self.certify(),
                              **({"batch": planned} if planned else {}))
             self.progress.done()
             if res.verdict == "sat":
@@ -185,8 +267,29 @@ def check_spec_fits(spec: Spec, input_shape, output_shape) -> None:
                               "to this model")
 
 
+def rigorous_for(network, soundness: str):
+    """The rigorous bounds of `network` for --soundness real/float32 (a one-line error when an
+    op is not covered); in default mode the same machinery where the ops are covered (for the
+    float64 confirmation of counterexamples), else None."""
+    from shardbound.runtime.engine.rigorous import RigorousBounds, check_covered
+
+    if soundness != "default":
+        return RigorousBounds(network, soundness)
+    try:
+        check_covered(network, "real")
+    except ShardboundError:
+        return None
+    # a float64 copy of the weights: not for networks where that costs real memory
+    elements = sum(p.numel() if isinstance(p, torch.Tensor) else int(getattr(p, "numel", 0))
+                   for n in network.nodes for p in n.params.values() if p is not None)
+    if elements > DEFAULT_FLOAT64_ELEMENTS:
+        return None
+    return RigorousBounds(network, "real")
+
+
 def verify(verifier, spec: Spec, timeout_s: float, comm, quiet: bool = True,
-           deadline: float | None = None, stages: StageLog | None = None) -> Result:
+           deadline: float | None = None, stages: StageLog | None = None,
+           soundness: str = "default") -> Result:
     """The verdict on `spec` for the compiled network behind `verifier`, within `timeout_s`
     seconds (or by `deadline`, a time.monotonic() value, when given: the caller's budget).
     Every rank of a job gets the same verdict at the same point. `stages` prints the stage
@@ -200,6 +303,7 @@ def verify(verifier, spec: Spec, timeout_s: float, comm, quiet: bool = True,
     stages.boxes = len(spec.cases)
     check_spec_fits(spec, verifier.input_shape, verifier.output_shape)
     net = verifier.network
+    rigorous = rigorous_for(net, soundness)
     net.budget = budget
 
     def result(verdict, box=None, x=None, y=None):
@@ -213,7 +317,7 @@ def verify(verifier, spec: Spec, timeout_s: float, comm, quiet: bool = True,
     try:
         for i, case in enumerate(spec.cases):
             runner = _CaseRunner(verifier, case, budget, comm, stages,
-                                 lambda s, i=i: stages.start(s, i))
+                                 lambda s, i=i: stages.start(s, i), soundness, rigorous)
             try:
                 verdict, cex = runner.run()
             except BudgetExhausted:
