@@ -14,6 +14,9 @@ from shardbound.runtime.ops.base import Op, center_radius, per_feature, register
 from shardbound.runtime.ops.patches import Patches
 
 
+IM2COL_CHUNK = 1 << 20      # elements of a blocked/exact conv backward's im2col columns at a time
+
+
 @register_op
 class Conv2d(Op):
     """2-D convolution (NCHW per sample: (C, H, W)); pads are (top, left, bottom, right)."""
@@ -172,6 +175,17 @@ class Conv2d(Op):
         kh, kw = w.shape[2:]
         G = self.groups
         L = A_flat.shape[2] * A_flat.shape[3]
+        # cols holds C_in*kh*kw values per position (9x the input for a 3x3 kernel): in
+        # chunks of rows it stays small (the ResNet's blocked peak was one 190 MB cols).
+        # Rows are independent under every order, so the bits are those of one call; tp's
+        # column conv (whose products are reduced across ranks) keeps one call.
+        step = max(1, IM2COL_CHUNK // max(1, L * w.shape[1] * G * kh * kw))
+        if step < N and type(self)._cout_product is Conv2d._cout_product:
+            out = A_flat.new_empty((N, w.shape[1] * G, *out_hw))
+            for n0 in range(0, N, step):
+                out[n0:n0 + step] = self._backward_im2col(A_flat[n0:n0 + step], w, out_hw,
+                                                          offset)
+            return out
         A_cols = A_flat.reshape(N, Cout, L).transpose(1, 2).contiguous()    # (N, L, Cout)
         out_per_group = Cout // G
         parts = []
@@ -237,7 +251,8 @@ class Conv2d(Op):
             out = self._backward_im2col(flat.contiguous(), w, size)
         origin = A.origin * torch.tensor([sh, sw], device=A.origin.device) \
             - torch.tensor(self.pads[:2], device=A.origin.device)
-        A_in = Patches(out.reshape(B, S, C_in, *size), origin, self.in_shapes[0]).masked()
+        A_in = Patches(out.reshape(B, S, C_in, *size), origin,
+                       self.in_shapes[0]).masked(in_place=True)
         if A_in.covers_grid():
             A_in = A_in.to_dense()
         b = self.param("bias")
@@ -281,7 +296,7 @@ class Conv2d(Op):
                                  dtype=w.dtype, device=dev)
             window[rows, chans, taps_y, taps_x] = w.index_select(0, o)
             origin = torch.stack([y * sh - pt, x * sw - pl], dim=1)
-            A = Patches(window.unsqueeze(0), origin, self.in_shapes[0]).masked()
+            A = Patches(window.unsqueeze(0), origin, self.in_shapes[0]).masked(in_place=True)
             return [A.to_dense() if A.covers_grid() else A], bias
         A = w.new_zeros((k, C_in, H + pt + pb, W + pl + pr))
         ys = (y * sh).reshape(k, 1, 1, 1) + taps_y

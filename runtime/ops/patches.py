@@ -113,12 +113,16 @@ class Patches:
         H, W = self.node_shape[1:]
         return ph * pw >= H * W
 
-    def masked(self) -> "Patches":
-        """Entries outside the grid set to zero (after a step that filled them)."""
+    def masked(self, in_place: bool = False) -> "Patches":
+        """Entries outside the grid set to zero (after a step that filled them); `in_place`
+        when the caller owns the values (a fresh step output: no copy of the window)."""
         keep = self.inside()
         if bool(keep.all()):
             return self
         v = self.values
+        if in_place and not _differentiable(v):
+            v.masked_fill_(~keep[None, :, None], 0)
+            return self
         return self.with_values(torch.where(keep[None, :, None], v, torch.zeros((), dtype=v.dtype,
                                                                                 device=v.device)))
 
@@ -211,9 +215,21 @@ class Patches:
         (ph, pw), (qh, qw) = self.window, other.window
         y0, x0 = min(0, dy), min(0, dx)
         h, w = max(ph, dy + qh) - y0, max(pw, dx + qw) - x0
-        a = F.pad(self.values, (-x0, w - pw + x0, -y0, h - ph + y0))
-        b = F.pad(other.values, (dx - x0, w - qw - dx + x0, dy - y0, h - qh - dy + y0))
-        out = Patches(a + b, self.origin + torch.tensor([y0, x0], device=self.origin.device),
+        # one padded tensor, `other` added into its part of it (not both padded then summed:
+        # two fewer temporaries of the grown window). Bits are the padded sum's: outside
+        # other's part the sum is a + 0, which turns a -0 into +0, so those strips get + 0.
+        total = F.pad(self.values, (-x0, w - pw + x0, -y0, h - ph + y0))
+        if _differentiable(self.values, other.values):
+            total = total + F.pad(other.values, (dx - x0, w - qw - dx + x0,
+                                                 dy - y0, h - qh - dy + y0))
+        else:
+            r0, c0 = dy - y0, dx - x0
+            total[..., r0:r0 + qh, c0:c0 + qw] += other.values
+            for strip in (total[..., :r0, :], total[..., r0 + qh:, :],
+                          total[..., r0:r0 + qh, :c0], total[..., r0:r0 + qh, c0 + qw:]):
+                if strip.numel():
+                    strip += 0.0
+        out = Patches(total, self.origin + torch.tensor([y0, x0], device=self.origin.device),
                       self.node_shape)
         return out.to_dense() if out.covers_grid() else out
 
@@ -221,6 +237,10 @@ class Patches:
         if isinstance(other, torch.Tensor):
             return other + self.to_dense()
         return NotImplemented
+
+
+def _differentiable(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def dense(A):
