@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 
 DENSE_CHUNK = 1 << 20      # elements of dense rows made at a time for an ordered sum
+FEW_CHANNELS = 4           # to_dense by whole windows up to this many (boxes x channels)
 
 
 class Patches:
@@ -113,12 +114,16 @@ class Patches:
         H, W = self.node_shape[1:]
         return ph * pw >= H * W
 
-    def masked(self) -> "Patches":
-        """Entries outside the grid set to zero (after a step that filled them)."""
+    def masked(self, in_place: bool = False) -> "Patches":
+        """Entries outside the grid set to zero (after a step that filled them); `in_place`
+        when the caller owns the values (a fresh step output: no copy of the window)."""
         keep = self.inside()
         if bool(keep.all()):
             return self
         v = self.values
+        if in_place and not _differentiable(v):
+            v.masked_fill_(~keep[None, :, None], 0)
+            return self
         return self.with_values(torch.where(keep[None, :, None], v, torch.zeros((), dtype=v.dtype,
                                                                                 device=v.device)))
 
@@ -144,14 +149,26 @@ class Patches:
         _, _, top, bottom, left, right = self._margins()
         if top or bottom or left or right:
             t = F.pad(t, (left, right, top, bottom))
-        # every window of the (padded) grid as a view, then the rows' windows picked out
-        views = t.unfold(2, ph, 1).unfold(3, pw, 1)              # (Bt, C, H', W', ph, pw)
-        g = views[:, :, self.origin[:, 0] + top, self.origin[:, 1] + left]  # (Bt, C, S, ph, pw)
-        return list(g.transpose(1, 2).split(sizes))
+        # Every window of the (padded) grid as a view, then the rows' windows picked out, laid
+        # out as the values are ((Bt, S, C, ph, pw) contiguous: the products with the values
+        # that follow run at memory speed; a transposed gather made them 3-4x slower). Where
+        # there are more rows than grid positions (rows of several channels share a window),
+        # the windows are copied out once per position and the rows pick theirs by index.
+        views = t.unfold(2, ph, 1).unfold(3, pw, 1).permute(0, 2, 3, 1, 4, 5)
+        Bt, Hq, Wq = views.shape[:3]
+        ys, xs = self.origin[:, 0] + top, self.origin[:, 1] + left
+        if self.origin.shape[0] > Hq * Wq:
+            per_position = views.reshape(Bt, Hq * Wq, C, ph, pw)
+            g = per_position.index_select(1, ys * Wq + xs)
+        else:
+            g = views[:, ys, xs]                                   # (Bt, S, C, ph, pw)
+        return list(g.split(sizes))
     def to_dense(self) -> torch.Tensor:
         """The rows as a dense (B, S, C, H, W) tensor (zeros outside the windows)."""
         B, S, C, ph, pw = self.values.shape
         H, W = self.node_shape[1:]
+        if B * C <= FEW_CHANNELS:
+            return self._to_dense_by_window()
         ys, xs = self._coords()
         out = self.values.new_zeros((B, S, C, H, W))
         keep = self.inside()                                       # (S, ph, pw)
@@ -160,6 +177,23 @@ class Patches:
         # windows lie inside the grid apart from zero entries: write the inside ones only
         out.permute(1, 3, 4, 0, 2)[rows[keep], ys[keep], xs[keep]] = \
             self.values.permute(1, 3, 4, 0, 2)[keep]
+        return out
+
+    def _to_dense_by_window(self) -> torch.Tensor:
+        """`to_dense` writing each row's window whole into a grid padded by the windows'
+        reach, then cropped: one index per row instead of one per window position (5x
+        faster on the input's 3 channels, where the per-position indexing dominated). The
+        entries outside the grid are zeros, so the crop keeps the same values."""
+        B, S, C, ph, pw = self.values.shape
+        H, W = self.node_shape[1:]
+        _, _, top, bottom, left, right = self._margins()
+        out = self.values.new_zeros((B, S, C, H + top + bottom, W + left + right))
+        views = out.unfold(3, ph, 1).unfold(4, pw, 1)          # (B, S, C, H', W', ph, pw)
+        rows = torch.arange(S, device=self.origin.device)
+        views[:, rows, :, self.origin[:, 0] + top, self.origin[:, 1] + left] = \
+            self.values.transpose(0, 1)
+        if top or bottom or left or right:
+            return out[:, :, :, top:top + H, left:left + W].contiguous()
         return out
 
     def dense_map(self, fn, chunk_elements: int = DENSE_CHUNK) -> torch.Tensor:
@@ -201,9 +235,21 @@ class Patches:
         (ph, pw), (qh, qw) = self.window, other.window
         y0, x0 = min(0, dy), min(0, dx)
         h, w = max(ph, dy + qh) - y0, max(pw, dx + qw) - x0
-        a = F.pad(self.values, (-x0, w - pw + x0, -y0, h - ph + y0))
-        b = F.pad(other.values, (dx - x0, w - qw - dx + x0, dy - y0, h - qh - dy + y0))
-        out = Patches(a + b, self.origin + torch.tensor([y0, x0], device=self.origin.device),
+        # one padded tensor, `other` added into its part of it (not both padded then summed:
+        # two fewer temporaries of the grown window). Bits are the padded sum's: outside
+        # other's part the sum is a + 0, which turns a -0 into +0, so those strips get + 0.
+        total = F.pad(self.values, (-x0, w - pw + x0, -y0, h - ph + y0))
+        if _differentiable(self.values, other.values):
+            total = total + F.pad(other.values, (dx - x0, w - qw - dx + x0,
+                                                 dy - y0, h - qh - dy + y0))
+        else:
+            r0, c0 = dy - y0, dx - x0
+            total[..., r0:r0 + qh, c0:c0 + qw] += other.values
+            for strip in (total[..., :r0, :], total[..., r0 + qh:, :],
+                          total[..., r0:r0 + qh, :c0], total[..., r0:r0 + qh, c0 + qw:]):
+                if strip.numel():
+                    strip += 0.0
+        out = Patches(total, self.origin + torch.tensor([y0, x0], device=self.origin.device),
                       self.node_shape)
         return out.to_dense() if out.covers_grid() else out
 
@@ -211,6 +257,10 @@ class Patches:
         if isinstance(other, torch.Tensor):
             return other + self.to_dense()
         return NotImplemented
+
+
+def _differentiable(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def dense(A):

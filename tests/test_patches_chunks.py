@@ -1,0 +1,103 @@
+"""Chunked and reshaped patch kernels keep the bits (issue 13): the CROWN step on patches in
+row chunks, the blocked conv backward's im2col in row chunks, `to_dense` by whole windows, and
+the residual Add of patches into one padded tensor give bitwise what one call / the dense rows
+give, in `blocked` (against the dense path too) and `fast` (run to run), on a small conv ResNet
+built here."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import zoo
+from conftest import random_box
+
+
+def _conv_resnet(rng):
+    """2x8x8 -> conv 4 3x3 s2 -> ReLU -> residual block (conv, ReLU, conv, Add, ReLU) ->
+    gemm 3: windows that grow past the grid's edges, an Add of windows of two sizes."""
+    b = zoo.Builder(rng, (2, 8, 8))
+
+    def conv(x, c_in, c_out, stride=1):
+        return b.op("Conv", [x, b.const(b.weight(c_out, c_in, 3, 3)),
+                             b.const(rng.normal(0, 0.1, (c_out,)))],
+                    pads=[1, 1, 1, 1], strides=[stride, stride])
+
+    h = b.relu(conv("x", 2, 4, stride=2))
+    r = conv(b.relu(conv(h, 4, 4)), 4, 4)
+    h = b.relu(b.op("Add", [h, r]))
+    h = b.op("Flatten", [h], axis=1)
+    return b.build(b.gemm(h, 4 * 4 * 4, 3)), b.input_shape
+
+
+@pytest.fixture(scope="module")
+def networks(tmp_path_factory):
+    from shardbound.compiler.driver import compile_model
+    from shardbound.passes.manager import PassOptions
+    from shardbound.runtime import load
+
+    model, shape = _conv_resnet(np.random.default_rng(11))
+    tmp = tmp_path_factory.mktemp("patch_chunks")
+    onnx.save(model, tmp / "m.onnx")
+    nets = {}
+    for order in ("blocked", "fast"):
+        compile_model(str(tmp / "m.onnx"), str(tmp / order), PassOptions(summation=order))
+        nets[order] = load(str(tmp / order)).network
+    return nets, shape
+
+
+@pytest.mark.parametrize("order", ["blocked", "fast"])
+def test_chunked_patch_kernels_keep_the_bits(networks, monkeypatch, order):
+    """`blocked`: bitwise under every chunking and the dense path's bits. `fast`: to_dense's
+    two ways bitwise; one-row chunks of the CROWN step move its window sums onto the matrix
+    product path (`contract._fast_dot` picks by shape), so there only rounding differs, and
+    a chunked run repeats itself."""
+    from shardbound.runtime.ops import conv, patches, relaxation
+
+    nets, shape = networks
+    net = nets[order]
+    lo, hi = (torch.tensor(t).reshape(1, *shape)
+              for t in random_box(np.random.default_rng(12), shape, radius=0.4))
+    same = lambda x, y: all(torch.equal(a, b) for a, b in zip(x, y))    # noqa: E731
+    with torch.no_grad():
+        ref = net.crown(lo, hi)
+        assert sum(net.crown_rows.values()) > 0
+        for few in (0, 1 << 30):                                     # both to_dense paths
+            monkeypatch.setattr(patches, "FEW_CHANNELS", few)
+            assert same(net.crown(lo, hi), ref), few
+        monkeypatch.setattr(relaxation, "PATCH_STEP_CHUNK", 1)     # one row per chunk
+        monkeypatch.setattr(conv, "IM2COL_CHUNK", 1)
+        got = net.crown(lo, hi)
+        if order == "fast":
+            assert same(net.crown(lo, hi), got)
+            assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(got, ref))
+            return
+        assert same(got, ref)
+        net.patches = False                                          # the dense rows' bits
+        try:
+            assert same(net.crown(lo, hi), ref)
+        finally:
+            net.patches = True
+
+
+def test_patches_add_is_the_padded_sum_bit_for_bit():
+    """Windows at offsets either way, entries -0 included (the in-place add must turn a -0
+    outside the other operand's window into +0, as a + 0 does)."""
+    from shardbound.runtime.ops.patches import Patches
+
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        (ph, pw), (qh, qw) = (torch.randint(1, 5, (2,), generator=gen).tolist()
+                              for _ in range(2))
+        o1 = torch.randint(-2, 6, (4, 2), generator=gen)
+        o2 = o1 + torch.randint(-3, 4, (1, 2), generator=gen)
+        a, b = torch.randn(1, 4, 2, ph, pw, generator=gen), torch.randn(1, 4, 2, qh, qw,
+                                                                        generator=gen)
+        a[a.abs() < 0.5], b[b.abs() < 0.5] = -0.0, -0.0
+        A, B = Patches(a, o1, (2, 7, 7)).masked(), Patches(b, o2, (2, 7, 7)).masked()
+        s = A + B
+        s = s.to_dense() if isinstance(s, Patches) else s
+        ref = A.to_dense() + B.to_dense()
+        assert torch.equal(s.view(torch.int32), ref.view(torch.int32))
