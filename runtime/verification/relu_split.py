@@ -26,16 +26,21 @@ batches. Deterministic: no randomness, and ties break towards the lowest neuron 
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from shardbound.runtime.verification.input_split import refuted_conjunctions
+from shardbound.runtime.verification.falsify import split_pgd
+from shardbound.runtime.verification.input_split import closeness, refuted_conjunctions
 from shardbound.runtime.engine.beta import DEFAULT_ITERATIONS, beta_crown
 
 MAX_DOMAINS = 50_000      # each keeps its parent's intermediate bounds: ~8 bytes a neuron
+ATTACK_DOMAINS = 2        # open domains per round attacked by `split_pgd` (the most violated)
+ATTACK_STEPS = 30
+FINAL_SHARE = 0.1         # the last share of the budget goes to the final falsification pass
 
 
 @dataclass
@@ -99,16 +104,70 @@ def _optimise(network, ibp, known, lo, hi, C, splits, lb, which, iterations, sto
     return out, idx, (None if lA is None else lA.cpu())
 
 
+def _pop_best(key: torch.Tensor, k: int) -> torch.Tensor:
+    """A permutation of the stack that puts its k lowest keys (most violated domains; ties:
+    the lower position) last, moving as few entries as possible (swaps into the tail)."""
+    n = len(key)
+    perm = torch.arange(n)
+    best = torch.argsort(key, stable=True)[:k]
+    tail = torch.arange(n - k, n)
+    chosen = torch.zeros(n, dtype=torch.bool)
+    chosen[best] = True
+    a = best[best < n - k]                 # chosen, outside the tail
+    b = tail[~chosen[tail]]                # in the tail, not chosen
+    perm[a], perm[b] = b, a
+    return perm
+
+
+def _attack_domains(network, lo_flat, hi_flat, C, d, owner_t, lA, lb, order, splits, dom_open,
+                    is_violation, stop, seed):
+    """split_pgd in the given open domains (indices into the batch), each from its most
+    violated row's bound-minimising vertex and one seeded random point, on that row's
+    conjunction. A confirmed counterexample (flattened, CPU) or None."""
+    if not len(order):
+        return None
+    n = lo_flat.shape[1]
+    margin = lb[order].double() - torch.from_numpy(d)                         # (k, R)
+    margin = torch.where(dom_open[order], margin, torch.full_like(margin, float("inf")))
+    row = margin.argmin(dim=1)
+    rows = owner_t.unsqueeze(0) == owner_t[row].unsqueeze(1)                  # (k, R)
+    vert = torch.where(lA[order, row] > 0, lo_flat, hi_flat)                  # (k, n)
+    gen = torch.Generator().manual_seed(seed)
+    rand = lo_flat + torch.rand(len(order), n, generator=gen) * (hi_flat - lo_flat)
+    starts = torch.cat([vert, rand])
+    sp = {k: torch.cat([v[order], v[order]]) for k, v in splits.items()}
+    x = split_pgd(network, lo_flat, hi_flat, starts, C, torch.tensor(d, dtype=torch.float32),
+                  torch.cat([rows, rows]), sp, steps=ATTACK_STEPS, stop=stop)
+    if x is not None and is_violation(x.reshape(1, -1)) is not None:
+        return x.reshape(-1)
+    return None
+
+
+def _proof_out_of_reach(verified: float, start: float, deadline: float) -> bool:
+    """Whether the proved share, growing at its average rate so far, stays under the whole
+    tree by the deadline."""
+    now = time.monotonic()
+    return verified + verified / max(now - start, 1e-9) * (deadline - now) < 1.0
+
+
 def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violation,
                batch: int = 32, progress=None, iterations: int = DEFAULT_ITERATIONS,
-               root_prior=None, stop=None) -> ReluBabResult:
+               root_prior=None, stop=None, attack_domains: int = ATTACK_DOMAINS,
+               final_share: float = FINAL_SHARE) -> ReluBabResult:
     """Prove or refute {x in [lo, hi]: some conjunction of C f(x) <= d} by ReLU splitting.
 
     agree(flag) -> bool: the flag OR-ed over ranks. is_violation(x (N, n)) -> index of a
     confirmed counterexample row, or None. root_prior: intermediate bounds known on the box
     (keyed like `Network.intermediate_bounds`' planned bounds), inherited by every domain.
     stop() -> bool: the time budget, agreed over ranks (default: `deadline`, agreed with
-    `agree`), asked before each round and inside beta-CROWN's optimisation."""
+    `agree`), asked before each round and inside beta-CROWN's optimisation.
+
+    Counterexample search runs alongside the proof: domains are refined most violated first
+    (the lowest CROWN / beta-CROWN margin, inherited by the children), every open domain's
+    bound-minimising vertices are checked, `attack_domains` of the most violated open
+    domains per round get a split-respecting attack (`falsify.split_pgd`), and once only
+    `final_share` of the time to `deadline` is left, unless the proved share is on course
+    to reach the whole tree by then, branching stops: the rest of the budget attacks the open domains, most violated first."""
     if stop is None:
         stop = lambda: agree(time.monotonic() > deadline)          # noqa: E731
     relus = split_ops(network)
@@ -130,19 +189,31 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
     if root_prior is not None and all(name in root_prior for name in names):
         bounds = _flat_bounds(root_prior, names, 1)
     depth = torch.zeros(1, dtype=torch.float64)
+    key = torch.zeros(1, dtype=torch.float64)   # the parent's margin: most violated first
     bounded, verified, unresolved = 0, 0.0, 0
     start = time.monotonic()
+    final_at = (deadline - final_share * (deadline - start) if math.isfinite(deadline)
+                else math.inf)
+    final = False                       # the final falsification pass: attack, never branch
+    dropped = 0                         # open domains it attacked and let go (never proved)
+    rounds = 0
     while len(stack):
         if stop():
             return ReluBabResult("timeout", domains=bounded, verified_fraction=verified)
         if len(stack) > MAX_DOMAINS:
             return ReluBabResult("unknown", domains=bounded, verified_fraction=verified,
                                  reason=f"more than {MAX_DOMAINS} open domains")
+        if not final and time.monotonic() > final_at:
+            final = agree(_proof_out_of_reach(verified, start, deadline))
+            final_at = math.inf         # decided once
         take = min(batch, len(stack))
+        perm = _pop_best(key, take)
+        stack, depth, key = stack[perm], depth[perm], key[perm]
         dom, ddepth = stack[-take:], depth[-take:]
-        stack, depth = stack[:-take], depth[:-take]
+        stack, depth, key = stack[:-take], depth[:-take], key[:-take]
         prior = None
         if bounds is not None:
+            bounds = bounds[perm]
             pb, bounds = bounds[-take:].to(dev), bounds[:-take]
             prior = {name: (pb[:, 0, local[i]:local[i + 1]].reshape(take, *relus[i].shape),
                             pb[:, 1, local[i]:local[i + 1]].reshape(take, *relus[i].shape))
@@ -158,6 +229,7 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
             lb, _ = network.final_crown(ibp, known, blo, bhi, Cd, input_A=grab, lower_only=True,
                                         split_A=split_A)
         bounded += take
+        rounds += 1
         lb = lb.cpu()
         empty = torch.zeros(take, dtype=torch.bool)
         for name in names:
@@ -166,7 +238,7 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         empty = network.any_over_ranks(empty)
         refuted = refuted_conjunctions(lb, d, owner, n_conj)
         lA = grab["lA"].cpu().reshape(take, C.shape[0], -1)
-        if iterations > 0 and bool((~(refuted.all(dim=1) | empty)).any()):
+        if not final and iterations > 0 and bool((~(refuted.all(dim=1) | empty)).any()):
             lb, idx, beta_lA = _optimise(network, ibp, known, blo, bhi, Cd, splits, lb,
                                          ~(refuted.all(dim=1) | empty), iterations, stop)
             refuted = refuted_conjunctions(lb, d, owner, n_conj)
@@ -189,9 +261,22 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
             if hit is not None:
                 return ReluBabResult("sat", x=verts[hit], domains=bounded,
                                      verified_fraction=verified)
+        close = closeness(lb, d, owner, n_conj)
+        worst = torch.nonzero(open_).reshape(-1)
+        worst = worst[torch.argsort(close[worst], stable=True)]
+        n_attack = len(worst) if final else attack_domains
+        x = _attack_domains(network, lo_flat, hi_flat, C, d, owner_t, lA, lb, worst[:n_attack],
+                            {k: v.cpu() for k, v in splits.items()}, open_rows, is_violation,
+                            stop, seed=rounds)
+        if x is not None:
+            return ReluBabResult("sat", x=x, domains=bounded, verified_fraction=verified)
+        if final:
+            dropped += len(worst)       # attacked, not refined: the budget is nearly spent
+            continue
         scores = _slack_scores(network, relus, split_A, known, open_rows.to(dev).to(lb.dtype)).cpu()
         kb = _flat_bounds(known, names, take)
         scores, odom, odepth, okb = scores[open_], dom[open_], ddepth[open_], kb[open_]
+        oclose = close[open_]
         best = scores.argmax(dim=1)
         splittable = scores.max(dim=1).values >= 0
         if not bool(splittable.all()):
@@ -199,14 +284,18 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
             # close it): set it aside, never count it as proved.
             unresolved += int((~splittable).sum())
         odom, best, odepth = odom[splittable], best[splittable], odepth[splittable]
-        okb = okb[splittable]
+        okb, oclose = okb[splittable], oclose[splittable]
         rows = torch.arange(len(best))
         active, inactive = odom.clone(), odom.clone()
         active[rows, best] = 1
         inactive[rows, best] = -1
         stack = torch.cat([stack, inactive, active])
         depth = torch.cat([depth, odepth + 1, odepth + 1])
+        key = torch.cat([key, oclose, oclose])
         bounds = torch.cat([bounds if bounds is not None else okb[:0], okb, okb])
+    if dropped:
+        return ReluBabResult("timeout", domains=bounded, verified_fraction=verified,
+                             reason="the final falsification pass found no counterexample")
     if unresolved:
         return ReluBabResult("unknown", domains=bounded, verified_fraction=verified,
                              reason=f"{unresolved} domain(s) with every ReLU split unresolved")
