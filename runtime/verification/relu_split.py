@@ -39,6 +39,7 @@ from shardbound.runtime.engine.beta import DEFAULT_ITERATIONS, beta_crown
 
 MAX_DOMAINS = 50_000      # each keeps its parent's intermediate bounds: ~8 bytes a neuron
 ATTACK_DOMAINS = 2        # open domains per round attacked by `split_pgd` (the most violated)
+ATTACK_SHARE = 0.15       # of branch and bound's time, at most, spent in those attacks
 ATTACK_STEPS = 30
 FINAL_SHARE = 0.1         # the last share of the budget goes to the final falsification pass
 
@@ -165,7 +166,8 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
     Counterexample search runs alongside the proof: domains are refined most violated first
     (the lowest CROWN / beta-CROWN margin, inherited by the children), every open domain's
     bound-minimising vertices are checked, `attack_domains` of the most violated open
-    domains per round get a split-respecting attack (`falsify.split_pgd`), and once only
+    domains per round get a split-respecting attack (`falsify.split_pgd`; in at most
+    ATTACK_SHARE of the time), and once only
     `final_share` of the time to `deadline` is left, unless the proved share is on course
     to reach the whole tree by then, branching stops: the rest of the budget attacks the open domains, most violated first."""
     if stop is None:
@@ -196,7 +198,7 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
                 else math.inf)
     final = False                       # the final falsification pass: attack, never branch
     dropped = 0                         # open domains it attacked and let go (never proved)
-    rounds = 0
+    rounds, attack_s = 0, 0.0
     while len(stack):
         if stop():
             return ReluBabResult("timeout", domains=bounded, verified_fraction=verified)
@@ -264,10 +266,17 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         close = closeness(lb, d, owner, n_conj)
         worst = torch.nonzero(open_).reshape(-1)
         worst = worst[torch.argsort(close[worst], stable=True)]
+        # Attack while the attacks' share of the time stays under ATTACK_SHARE (agreed over
+        # ranks, so every rank runs the same forward passes); every open domain in the final
+        # pass.
         n_attack = len(worst) if final else attack_domains
+        if not final and n_attack:
+            n_attack *= agree(attack_s <= ATTACK_SHARE * (time.monotonic() - start))
+        t_attack = time.monotonic()
         x = _attack_domains(network, lo_flat, hi_flat, C, d, owner_t, lA, lb, worst[:n_attack],
                             {k: v.cpu() for k, v in splits.items()}, open_rows, is_violation,
                             stop, seed=rounds)
+        attack_s += time.monotonic() - t_attack
         if x is not None:
             return ReluBabResult("sat", x=x, domains=bounded, verified_fraction=verified)
         if final:
