@@ -41,6 +41,11 @@ MAX_DOMAINS = 50_000      # each keeps its parent's intermediate bounds: ~8 byte
 ATTACK_DOMAINS = 2        # open domains per round attacked by `split_pgd` (the most violated)
 ATTACK_SHARE = 0.15       # of branch and bound's time, at most, spent in those attacks
 ATTACK_STEPS = 30
+BAB_MEMORY_BYTES = 2 << 30      # at most this much for one batch of domains (memory_figure)
+BETA_MEMORY_FACTOR = 4          # beta-CROWN's round against one CROWN pass (batch_for_memory)
+MIN_BATCH, MAX_BATCH = 8, 128   # domains per batch
+FSB_CANDIDATES = 3        # filtered smart branching: BaBSR's top k, judged by a one-step bound
+KEPT_ALPHA_BYTES = 256 << 20   # the warm-start alphas of open domains (see WarmAlphas)
 FINAL_SHARE = 0.1         # the last share of the budget goes to the final falsification pass
 
 
@@ -72,6 +77,84 @@ def _slack_scores(network, ops, split_A, known, open_rows) -> torch.Tensor:
     return torch.cat(parts, dim=1)
 
 
+def _fsb_choice(network, relus, names, offsets, known, ibp, lo_flat, hi_flat, C, d, owner,
+                scores, which, k: int) -> torch.Tensor:
+    """Filtered smart branching: per domain in `which` (indices into the batch), BaBSR's top
+    k neurons (`scores`, (len(which), total)), each judged by a one-step bound: the final
+    CROWN pass on both children with the parent's intermediate bounds and the neuron's
+    bounds clamped at 0 (no intermediate pass). The neuron whose worse child comes closest
+    to proved wins (ties: BaBSR's order). Returns (len(which),) global neuron indices."""
+    order = torch.argsort(scores, dim=1, descending=True, stable=True)[:, :k]   # (b, k)
+    b = len(which)
+    valid = torch.gather(scores, 1, order) >= 0
+    cand = order.reshape(-1)
+    m = 2 * len(cand)
+    parent = which.repeat_interleave(2 * k).to(network.device)
+    child_known = {nm: (v[0].index_select(0, parent).clone(), v[1].index_select(0, parent).clone())
+                   for nm, v in known.items()}
+    rows = torch.arange(m, device=network.device)
+    glob = cand.repeat_interleave(2).to(network.device)
+    active = (torch.arange(m) % 2 == 0).to(network.device)
+    for i, nm in enumerate(names):
+        lo_t, hi_t = child_known[nm]
+        flat_lo, flat_hi = lo_t.reshape(m, -1), hi_t.reshape(m, -1)
+        mine = (glob >= int(offsets[i])) & (glob < int(offsets[i + 1]))
+        if not bool(mine.any()):
+            continue
+        r, j = rows[mine], glob[mine] - int(offsets[i])
+        act = active[mine]
+        flat_lo[r, j] = torch.where(act, flat_lo[r, j].clamp(min=0), flat_lo[r, j])
+        flat_hi[r, j] = torch.where(act, flat_hi[r, j], flat_hi[r, j].clamp(max=0))
+    out = network.output.name
+    child_ibp = {out: (ibp[out][0].index_select(0, parent), ibp[out][1].index_select(0, parent))}
+    shape = (m, *network.input_shape)
+    clo = lo_flat.expand(m, -1).reshape(shape).to(network.device)
+    chi = hi_flat.expand(m, -1).reshape(shape).to(network.device)
+    with torch.no_grad():
+        lb, _ = network.final_crown(child_ibp, child_known, clo, chi, C, lower_only=True)
+    n_conj = int(owner.max()) + 1
+    close = closeness(lb.cpu(), d, owner, n_conj).reshape(b, k, 2).min(dim=2).values
+    close = torch.where(valid, close, torch.full_like(close, -float("inf")))
+    pick = close.argmax(dim=1)
+    return order[torch.arange(b), pick]
+
+
+def memory_figure(network) -> int:
+    """Bytes branch and bound may use for one batch: a quarter of the available memory of
+    the network's device (MemAvailable on the CPU, cudaMemGetInfo's free on a GPU), at most
+    BAB_MEMORY_BYTES; each rank of a job takes its own share of the machine."""
+    free = None
+    try:
+        if network.device.type == "cuda":
+            free = torch.cuda.mem_get_info(network.device)[0]
+        else:
+            with open("/proc/meminfo", encoding="ascii") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        free = int(line.split()[1]) * 1024
+    except (OSError, RuntimeError, ValueError):
+        free = None
+    world = network.tp.comm.world if network.tp is not None else 1
+    return min(BAB_MEMORY_BYTES, (free or BAB_MEMORY_BYTES) // (4 * world))
+
+
+def batch_for_memory(network, rows: int, budget_bytes: int, agree=lambda f: f) -> int:
+    """Domains per batch (a power of two in [MIN_BATCH, MAX_BATCH]) whose beta-CROWN round
+    fits `budget_bytes`: the memory model's CROWN peak per box (`predict_peak` at batch 1
+    and 2: its slope) for `rows` spec rows, times BETA_MEMORY_FACTOR for autograd's saved
+    A-matrices and the alphas with their Adam moments. Doubling stops as soon as one rank's
+    budget is reached (`agree`: a flag OR-ed over ranks), so every rank takes the same."""
+    from shardbound.runtime.accounting.memory_model import network_shapes, predict_peak
+    shapes = network_shapes(network)
+    one, two = (predict_peak(shapes, network.output.name, 1, batch=b, spec_rows=rows)
+                ["peak_tracked_bytes"] for b in (1, 2))
+    per_box = max(two - one, 1) * BETA_MEMORY_FACTOR
+    b = MIN_BATCH
+    while 2 * b <= MAX_BATCH and not agree(one + 2 * b * per_box > budget_bytes):
+        b *= 2
+    return b
+
+
 def split_ops(network) -> list:
     """The splittable ops, one per input node (two ops reading one node share its splits)."""
     seen, ops = set(), []
@@ -89,20 +172,58 @@ def _flat_bounds(bounds, names, b) -> torch.Tensor:
                        dim=1).cpu()
 
 
-def _optimise(network, ibp, known, lo, hi, C, splits, lb, which, iterations, stop=None):
+def _optimise(network, ibp, known, lo, hi, C, splits, lb, which, iterations, stop=None,
+              warm=None):
     """(lb with the rows of the domains in `which` raised by beta-CROWN, their indices, their
-    input A-matrices from beta-CROWN or None)."""
+    input A-matrices from beta-CROWN or None, their alphas after the optimisation).
+    warm: (alphas of the batch's domains, (B,) bool: which have them) to start from."""
     idx = torch.nonzero(which).reshape(-1)
     dev_idx = idx.to(lo.device)
     pick = lambda t: t.index_select(0, dev_idx)                                # noqa: E731
     sub = lambda m: {k: (pick(v[0]), pick(v[1])) for k, v in m.items()}       # noqa: E731
+    start = None
+    if warm is not None and bool(warm[1][idx].any()):
+        start = ({k: pick(v) for k, v in warm[0].items()}, warm[1][idx])
+    alphas = {}
     with torch.no_grad():
         better, lA = beta_crown(network, sub(ibp), sub(known), pick(lo), pick(hi), C,
                                 {k: pick(v) for k, v in splits.items()},
-                                lb.index_select(0, idx).to(lo.device), iterations, stop=stop)
+                                lb.index_select(0, idx).to(lo.device), iterations, stop=stop,
+                                alpha_start=start, alpha_out=alphas)
     out = lb.clone()
     out[idx] = torch.maximum(out[idx], better.cpu())
-    return out, idx, (None if lA is None else lA.cpu())
+    return out, idx, (None if lA is None else lA.cpu()), alphas
+
+
+class WarmAlphas:
+    """Optimised alphas kept per open domain (flattened, on the CPU), so that children start
+    beta-CROWN from their parent's slopes. Capped at `cap_bytes` in all: past that, warm
+    starts stop for the rest of the run (children start from CROWN's slopes, as the root)."""
+
+    def __init__(self, cap_bytes: int):
+        self.cap = cap_bytes
+        self.layout = None          # [(op name, shape after the batch dimension)]
+        self.on = True
+
+    def flatten(self, alphas: dict, b: int) -> torch.Tensor:
+        if self.layout is None:
+            self.layout = [(k, tuple(v.shape[1:])) for k, v in alphas.items()]
+        return torch.cat([alphas[k].reshape(b, -1).cpu() for k, _ in self.layout], dim=1)
+
+    def unflatten(self, flat: torch.Tensor, device) -> dict:
+        out, at = {}, 0
+        for k, shape in self.layout:
+            size = math.prod(shape)
+            out[k] = flat[:, at:at + size].reshape(len(flat), *shape).to(device)
+            at += size
+        return out
+
+    def width(self) -> int:
+        return sum(math.prod(shape) for _, shape in self.layout) if self.layout else 0
+
+    def fits(self, rows: int) -> bool:
+        self.on = self.on and rows * self.width() * 4 <= self.cap
+        return self.on
 
 
 def _pop_best(key: torch.Tensor, k: int) -> torch.Tensor:
@@ -152,9 +273,10 @@ def _proof_out_of_reach(verified: float, start: float, deadline: float) -> bool:
 
 
 def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violation,
-               batch: int = 32, progress=None, iterations: int = DEFAULT_ITERATIONS,
+               batch: int | None = None, progress=None, iterations: int = DEFAULT_ITERATIONS,
                root_prior=None, stop=None, attack_domains: int = ATTACK_DOMAINS,
-               final_share: float = FINAL_SHARE) -> ReluBabResult:
+               final_share: float = FINAL_SHARE, fsb: int = FSB_CANDIDATES,
+               warm_start: bool = True) -> ReluBabResult:
     """Prove or refute {x in [lo, hi]: some conjunction of C f(x) <= d} by ReLU splitting.
 
     agree(flag) -> bool: the flag OR-ed over ranks. is_violation(x (N, n)) -> index of a
@@ -172,6 +294,8 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
     to reach the whole tree by then, branching stops: the rest of the budget attacks the open domains, most violated first."""
     if stop is None:
         stop = lambda: agree(time.monotonic() > deadline)          # noqa: E731
+    if batch is None:       # the same on every rank: the smallest rank's figure
+        batch = batch_for_memory(network, C.shape[0], memory_figure(network), agree)
     relus = split_ops(network)
     if not relus:
         return ReluBabResult("unknown", reason="no splittable op (ReLU or another kink) to split")
@@ -192,6 +316,9 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         bounds = _flat_bounds(root_prior, names, 1)
     depth = torch.zeros(1, dtype=torch.float64)
     key = torch.zeros(1, dtype=torch.float64)   # the parent's margin: most violated first
+    store = WarmAlphas(KEPT_ALPHA_BYTES if warm_start else 0)
+    warm = torch.zeros(1, 0)                     # (N, alpha width): the parents' alphas
+    has = torch.zeros(1, dtype=torch.bool)       # which domains have them
     bounded, verified, unresolved = 0, 0.0, 0
     start = time.monotonic()
     final_at = (deadline - final_share * (deadline - start) if math.isfinite(deadline)
@@ -211,8 +338,11 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         take = min(batch, len(stack))
         perm = _pop_best(key, take)
         stack, depth, key = stack[perm], depth[perm], key[perm]
+        warm, has = warm[perm], has[perm]
         dom, ddepth = stack[-take:], depth[-take:]
+        bwarm, bhas = warm[-take:], has[-take:]
         stack, depth, key = stack[:-take], depth[:-take], key[:-take]
+        warm, has = warm[:-take], has[:-take]
         prior = None
         if bounds is not None:
             bounds = bounds[perm]
@@ -241,8 +371,15 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         refuted = refuted_conjunctions(lb, d, owner, n_conj)
         lA = grab["lA"].cpu().reshape(take, C.shape[0], -1)
         if not final and iterations > 0 and bool((~(refuted.all(dim=1) | empty)).any()):
-            lb, idx, beta_lA = _optimise(network, ibp, known, blo, bhi, Cd, splits, lb,
-                                         ~(refuted.all(dim=1) | empty), iterations, stop)
+            start_alphas = ((store.unflatten(bwarm, dev), bhas)
+                            if store.on and bool(bhas.any()) else None)
+            lb, idx, beta_lA, alphas = _optimise(network, ibp, known, blo, bhi, Cd, splits, lb,
+                                                 ~(refuted.all(dim=1) | empty), iterations,
+                                                 stop, start_alphas)
+            if store.on and alphas:
+                flat = store.flatten(alphas, len(idx))
+                bwarm, bhas = torch.zeros(take, flat.shape[1]), torch.zeros(take, dtype=torch.bool)
+                bwarm[idx], bhas[idx] = flat, True
             refuted = refuted_conjunctions(lb, d, owner, n_conj)
             if beta_lA is not None:
                 lA = lA.clone()
@@ -288,6 +425,12 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         oclose = close[open_]
         best = scores.argmax(dim=1)
         splittable = scores.max(dim=1).values >= 0
+        if fsb > 1 and network.tp is None and bool(splittable.any()):
+            # (tp: a rank holds only its channels' bounds; BaBSR's choice stands there.)
+            which = torch.nonzero(open_).reshape(-1)[splittable]
+            best = best.clone()
+            best[splittable] = _fsb_choice(network, relus, names, offsets, known, ibp, lo_flat,
+                                           hi_flat, Cd, d, owner, scores[splittable], which, fsb)
         if not bool(splittable.all()):
             # No unstable neuron left and still open (beta-CROWN's fixed iterations did not
             # close it): set it aside, never count it as proved.
@@ -301,6 +444,14 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         stack = torch.cat([stack, inactive, active])
         depth = torch.cat([depth, odepth + 1, odepth + 1])
         key = torch.cat([key, oclose, oclose])
+        ow = bwarm[open_][splittable]
+        oh = bhas[open_][splittable]
+        if store.on and ow.shape[1] and store.fits(len(stack)):
+            if warm.shape[1] != ow.shape[1]:          # the first alphas: the layout is known
+                warm = torch.zeros(len(has), ow.shape[1])
+            warm, has = torch.cat([warm, ow, ow]), torch.cat([has, oh, oh])
+        else:
+            warm, has = torch.zeros(len(stack), 0), torch.zeros(len(stack), dtype=torch.bool)
         bounds = torch.cat([bounds if bounds is not None else okb[:0], okb, okb])
     if dropped:
         return ReluBabResult("timeout", domains=bounded, verified_fraction=verified,
