@@ -82,8 +82,10 @@ def _fsb_choice(network, relus, names, offsets, known, ibp, lo_flat, hi_flat, C,
     """Filtered smart branching: per domain in `which` (indices into the batch), BaBSR's top
     k neurons (`scores`, (len(which), total)), each judged by a one-step bound: the final
     CROWN pass on both children with the parent's intermediate bounds and the neuron's
-    bounds clamped at 0 (no intermediate pass). The neuron whose worse child comes closest
-    to proved wins (ties: BaBSR's order). Returns (len(which),) global neuron indices."""
+    bounds clamped at 0 (no intermediate pass). The neuron whose children's margins still
+    short of proved sum highest wins (a proved child counts 0: splits that close one side
+    are preferred, which also isolates a spike's support, see falsify.py; ties: BaBSR's
+    order). Returns (len(which),) global neuron indices."""
     order = torch.argsort(scores, dim=1, descending=True, stable=True)[:, :k]   # (b, k)
     b = len(which)
     valid = torch.gather(scores, 1, order) >= 0
@@ -113,7 +115,7 @@ def _fsb_choice(network, relus, names, offsets, known, ibp, lo_flat, hi_flat, C,
     with torch.no_grad():
         lb, _ = network.final_crown(child_ibp, child_known, clo, chi, C, lower_only=True)
     n_conj = int(owner.max()) + 1
-    close = closeness(lb.cpu(), d, owner, n_conj).reshape(b, k, 2).min(dim=2).values
+    close = closeness(lb.cpu(), d, owner, n_conj).reshape(b, k, 2).clamp(max=0).sum(dim=2)
     close = torch.where(valid, close, torch.full_like(close, -float("inf")))
     pick = close.argmax(dim=1)
     return order[torch.arange(b), pick]
@@ -425,12 +427,18 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         oclose = close[open_]
         best = scores.argmax(dim=1)
         splittable = scores.max(dim=1).values >= 0
-        if fsb > 1 and network.tp is None and bool(splittable.any()):
-            # (tp: a rank holds only its channels' bounds; BaBSR's choice stands there.)
-            which = torch.nonzero(open_).reshape(-1)[splittable]
+        # Filtered smart branching, except in the `attack_domains` most violated domains:
+        # there BaBSR's neuron (the most relaxation slack in the bound) is split, which
+        # isolates a spike's support for the next attack (FSB prefers neurons that tighten
+        # the bound, and reached a planted spike's ReLU thousands of domains later). tp: a
+        # rank holds only its channels' bounds; BaBSR's choice stands there.
+        fsb_rows = splittable.clone()
+        fsb_rows[torch.isin(torch.nonzero(open_).reshape(-1), worst[:attack_domains])] = False
+        if fsb > 1 and network.tp is None and bool(fsb_rows.any()):
+            which = torch.nonzero(open_).reshape(-1)[fsb_rows]
             best = best.clone()
-            best[splittable] = _fsb_choice(network, relus, names, offsets, known, ibp, lo_flat,
-                                           hi_flat, Cd, d, owner, scores[splittable], which, fsb)
+            best[fsb_rows] = _fsb_choice(network, relus, names, offsets, known, ibp, lo_flat,
+                                         hi_flat, Cd, d, owner, scores[fsb_rows], which, fsb)
         if not bool(splittable.all()):
             # No unstable neuron left and still open (beta-CROWN's fixed iterations did not
             # close it): set it aside, never count it as proved.
