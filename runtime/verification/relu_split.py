@@ -11,17 +11,23 @@ CROWN get beta-CROWN bounds (`runtime/engine/beta.py`: the split constraints ent
 multipliers). A leaf with no unstable neuron left but an open bound is set aside as
 unresolved, never counted as proved.
 
-Branching (BaBSR-like): the unstable neuron with the largest |A| (summed over the spec rows
-still open) times its op's `branch_slack` (for a ReLU the intercept of its upper line,
--l u / (u - l)), i.e. the most slack the neuron's relaxation adds to the lower bound. Every open domain also proposes a
-counterexample: per open spec row, the box vertex that minimises that row's linear lower
-bound (beta-CROWN's where it ran); the caller confirms it with a plain forward pass.
+Branching: filtered smart branching. BaBSR's score (the unstable neuron's |A|, summed over
+the spec rows still open, times its op's `branch_slack`: for a ReLU the intercept of its
+upper line, -l u / (u - l), the most slack its relaxation adds to the lower bound) proposes
+FSB_CANDIDATES neurons; a one-step bound of both children (`_fsb_choice`) picks one. Every
+open domain also proposes counterexamples: per open spec row, the box vertex that minimises
+that row's linear lower bound (beta-CROWN's where it ran); the caller confirms them with a
+plain forward pass; the most violated domains also get a split-respecting attack
+(runtime/verification/falsify.py).
 
 Children keep their parent's intermediate bounds as a prior: CROWN then runs only for the
-neurons still unstable under them (measured: 27x more domains per second on mnistfc 256x2).
+neurons still unstable under them (measured: 27x more domains per second on mnistfc 256x2),
+and their parent's optimised alphas as beta-CROWN's start (`WarmAlphas`).
 
-Domains live on a stack (depth first) of per-ReLU int8 assumption tensors, processed in
-batches. Deterministic: no randomness, and ties break towards the lowest neuron index.
+Open domains are per-ReLU int8 assumption tensors, taken in batches (`batch_for_memory`)
+most violated first (the parent's margin; ties: the older position). Deterministic: no
+randomness, ties break towards the lowest neuron index; what depends on the clock (the
+attacks' time share, the final pass) is agreed over ranks.
 """
 
 from __future__ import annotations
@@ -116,7 +122,7 @@ def _fsb_choice(network, relus, names, offsets, known, ibp, lo_flat, hi_flat, C,
         lb, _ = network.final_crown(child_ibp, child_known, clo, chi, C, lower_only=True)
     n_conj = int(owner.max()) + 1
     close = closeness(lb.cpu(), d, owner, n_conj).reshape(b, k, 2).clamp(max=0).sum(dim=2)
-    close = torch.where(valid, close, torch.full_like(close, -float("inf")))
+    close = torch.where(valid & ~close.isnan(), close, torch.full_like(close, -float("inf")))
     pick = close.argmax(dim=1)
     return order[torch.arange(b), pick]
 
@@ -228,19 +234,24 @@ class WarmAlphas:
         return self.on
 
 
-def _pop_best(key: torch.Tensor, k: int) -> torch.Tensor:
-    """A permutation of the stack that puts its k lowest keys (most violated domains; ties:
-    the lower position) last, moving as few entries as possible (swaps into the tail)."""
+def _best_to_tail(key: torch.Tensor, k: int):
+    """(a, b): swapping positions a and b of the stack puts its k lowest keys (the most
+    violated domains; ties: the lower position) in its last k places, moving as few entries
+    as possible (only chosen entries outside the tail and unchosen ones inside it)."""
     n = len(key)
-    perm = torch.arange(n)
     best = torch.argsort(key, stable=True)[:k]
     tail = torch.arange(n - k, n)
     chosen = torch.zeros(n, dtype=torch.bool)
     chosen[best] = True
-    a = best[best < n - k]                 # chosen, outside the tail
-    b = tail[~chosen[tail]]                # in the tail, not chosen
-    perm[a], perm[b] = b, a
-    return perm
+    return best[best < n - k], tail[~chosen[tail]]
+
+
+def _swap_(tensors, a, b) -> None:
+    """Swap rows a and b of every tensor in place (the stack's aligned per-domain data)."""
+    for t in tensors:
+        if t is not None and len(a):
+            ta, tb = t[a].clone(), t[b].clone()
+            t[a], t[b] = tb, ta
 
 
 def _attack_domains(network, lo_flat, hi_flat, C, d, owner_t, lA, lb, order, splits, dom_open,
@@ -338,16 +349,13 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
             final = agree(_proof_out_of_reach(verified, start, deadline))
             final_at = math.inf         # decided once
         take = min(batch, len(stack))
-        perm = _pop_best(key, take)
-        stack, depth, key = stack[perm], depth[perm], key[perm]
-        warm, has = warm[perm], has[perm]
+        _swap_((stack, depth, key, warm, has, bounds), *_best_to_tail(key, take))
         dom, ddepth = stack[-take:], depth[-take:]
         bwarm, bhas = warm[-take:], has[-take:]
         stack, depth, key = stack[:-take], depth[:-take], key[:-take]
         warm, has = warm[:-take], has[:-take]
         prior = None
         if bounds is not None:
-            bounds = bounds[perm]
             pb, bounds = bounds[-take:].to(dev), bounds[:-take]
             prior = {name: (pb[:, 0, local[i]:local[i + 1]].reshape(take, *relus[i].shape),
                             pb[:, 1, local[i]:local[i + 1]].reshape(take, *relus[i].shape))
@@ -437,8 +445,12 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         if fsb > 1 and network.tp is None and bool(fsb_rows.any()):
             which = torch.nonzero(open_).reshape(-1)[fsb_rows]
             best = best.clone()
-            best[fsb_rows] = _fsb_choice(network, relus, names, offsets, known, ibp, lo_flat,
-                                         hi_flat, Cd, d, owner, scores[fsb_rows], which, fsb)
+            sub_scores = scores[fsb_rows]
+            chunk = max(1, batch // fsb)        # 2 * chunk * fsb children per CROWN call
+            best[fsb_rows] = torch.cat([
+                _fsb_choice(network, relus, names, offsets, known, ibp, lo_flat, hi_flat, Cd,
+                            d, owner, sub_scores[i:i + chunk], which[i:i + chunk], fsb)
+                for i in range(0, len(which), chunk)])
         if not bool(splittable.all()):
             # No unstable neuron left and still open (beta-CROWN's fixed iterations did not
             # close it): set it aside, never count it as proved.
