@@ -74,3 +74,29 @@ def test_clean_twin_stays_unsat(compiled, name):
 
     p, verifier = compiled[name]
     assert verify(verifier, _spec(p), TIMEOUT_S, SingleComm()).verdict == "unsat"
+
+
+def test_final_falsification_pass_finds_what_branching_leaves(compiled):
+    """No attacks during branching: the pass that attacks the open domains, most violated
+    first, once the proof is out of reach finds the planted point."""
+    import time
+
+    from shardbound.runtime.verification.relu_split import relu_split
+
+    p, verifier = compiled["mlp0-spike"]
+    net = verifier.network
+    lo, hi = (torch.tensor(v, dtype=torch.float32) for v in (p.lower, p.upper))
+    C = torch.tensor(p.row, dtype=torch.float32)
+
+    def is_violation(xs):
+        with torch.no_grad():
+            m = (net.forward(xs.reshape(-1, *net.input_shape)).reshape(len(xs), -1) @ C.T)
+        hit = torch.nonzero(m[:, 0].double() <= p.d).reshape(-1)
+        return int(hit[0]) if len(hit) else None
+
+    # BaBSR alone (fsb=1) splits the spike's ReLU at the root; the pass starts after ~0.9 s.
+    res = relu_split(net, C, np.array([p.d]), np.zeros(1, dtype=int), lo, hi,
+                     time.monotonic() + 30, lambda f: f, is_violation, attack_domains=0,
+                     final_share=0.97, fsb=1)
+    assert res.verdict == "sat", res
+    assert _onnx_margin(p, res.x) <= p.d

@@ -278,11 +278,14 @@ def _attack_domains(network, lo_flat, hi_flat, C, d, owner_t, lA, lb, order, spl
     return None
 
 
-def _proof_out_of_reach(verified: float, start: float, deadline: float) -> bool:
-    """Whether the proved share, growing at its average rate so far, stays under the whole
-    tree by the deadline."""
+def _proof_out_of_reach(verified: float, since: tuple[float, float], deadline: float) -> bool:
+    """Whether the proved share, growing at its recent rate (since `since` = (time, proved
+    share then): the second half of the time so far; the first domains often prove half
+    the tree at once and then stall), stays under the whole tree by the deadline."""
     now = time.monotonic()
-    return verified + verified / max(now - start, 1e-9) * (deadline - now) < 1.0
+    t0, v0 = since
+    rate = (verified - v0) / max(now - t0, 1e-9)
+    return verified + rate * (deadline - now) < 1.0
 
 
 def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violation,
@@ -303,8 +306,9 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
     bound-minimising vertices are checked, `attack_domains` of the most violated open
     domains per round get a split-respecting attack (`falsify.split_pgd`; in at most
     ATTACK_SHARE of the time), and once only
-    `final_share` of the time to `deadline` is left, unless the proved share is on course
-    to reach the whole tree by then, branching stops: the rest of the budget attacks the open domains, most violated first."""
+    `final_share` of the time to `deadline` is left, unless the proved share (at its rate
+    since halfway to that point) is on course to reach the whole tree by then, branching
+    stops: the rest of the budget attacks the open domains, most violated first."""
     if stop is None:
         stop = lambda: agree(time.monotonic() > deadline)          # noqa: E731
     if batch is None:       # the same on every rank: the smallest rank's figure
@@ -339,14 +343,17 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
     final = False                       # the final falsification pass: attack, never branch
     dropped = 0                         # open domains it attacked and let go (never proved)
     rounds, attack_s = 0, 0.0
+    midway = None                       # (time, proved share) halfway to final_at
     while len(stack):
         if stop():
             return ReluBabResult("timeout", domains=bounded, verified_fraction=verified)
         if len(stack) > MAX_DOMAINS:
             return ReluBabResult("unknown", domains=bounded, verified_fraction=verified,
                                  reason=f"more than {MAX_DOMAINS} open domains")
+        if midway is None and time.monotonic() > (start + final_at) / 2:
+            midway = (time.monotonic(), verified)
         if not final and time.monotonic() > final_at:
-            final = agree(_proof_out_of_reach(verified, start, deadline))
+            final = agree(_proof_out_of_reach(verified, midway or (start, 0.0), deadline))
             final_at = math.inf         # decided once
         take = min(batch, len(stack))
         _swap_((stack, depth, key, warm, has, bounds), *_best_to_tail(key, take))
