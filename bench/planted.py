@@ -1,11 +1,12 @@
 """Planted counterexamples (SoundnessBench-like, tests/planted.py): does `verify` find them?
 
-    python3 bench/planted.py [--seeds 0-9] [--kinds mlp,cnn] [--timeout 60] [--clean]
+    python3 bench/planted.py [--seeds 0-9] [--kinds mlp,cnn] [--timeout 60] [--clean] [--tight]
 
 Per instance: whether a 50-restart PGD finds the planted violation (it should not), then the
 verdict of `verify` (in process, one thread) and its time. The spiked networks must come out
 `sat` (never `unsat`), their clean twins (`--clean`) `unsat`. Prints one line per instance
-and the sat rate.
+and the sat rate. --tight: the threshold is the clean twin's alpha-CROWN bound minus 0.01
+instead of its interval bound (a lower spike, closer to the base network's own margin).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def main(argv=None):
     ap.add_argument("--kinds", default="mlp,cnn")
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--clean", action="store_true", help="also run the clean twins")
+    ap.add_argument("--tight", action="store_true", help="threshold from alpha-CROWN")
     args = ap.parse_args(argv)
     from shardbound.runtime.parallel.dist import SingleComm
     from shardbound.runtime.verification.verdict import verify
@@ -73,8 +75,16 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         for kind in args.kinds.split(","):
             for seed in _seeds(args.seeds):
+                d = None
+                if args.tight:
+                    clean = build[kind](seed, spike=False)
+                    cv = compiled(clean, tmp)
+                    lo = torch.tensor(clean.lower, dtype=torch.float32)
+                    hi = torch.tensor(clean.upper, dtype=torch.float32)
+                    d = float(cv.bounds(lo, hi, C=clean.row.astype(np.float32),
+                                        method="alpha-crown")[0][0]) - 0.01
                 for spike in ((True, False) if args.clean else (True,)):
-                    p = build[kind](seed, spike=spike)
+                    p = build[kind](seed, spike=spike, d=d)
                     v = compiled(p, tmp)
                     seen = pgd_finds(v, p) if spike else False
                     t0 = time.monotonic()

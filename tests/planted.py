@@ -157,8 +157,11 @@ def _margin_row(n_out):
 
 
 def planted_mlp(seed: int, n_in: int = 24, hidden=(16, 16), n_out: int = 3,
-                radius: float = 0.5, spike: bool = True) -> Planted:
-    """An MLP on [c - radius, c + radius]^n_in (the clean twin: spike=False, same seed)."""
+                radius: float = 0.5, spike: bool = True, d: float | None = None) -> Planted:
+    """An MLP on [c - radius, c + radius]^n_in (the clean twin: spike=False, same seed).
+    d: the threshold (default: the clean network's interval bound, `base_d`); a tighter
+    one that the clean twin still provably keeps (e.g. its alpha-CROWN bound) makes the
+    spike lower (H scales with m(x*) - d)."""
     rng = np.random.default_rng(seed)
     weights = _Weights(rng, n_in, hidden, n_out)
     c = rng.uniform(-0.5, 0.5, n_in)
@@ -166,7 +169,7 @@ def planted_mlp(seed: int, n_in: int = 24, hidden=(16, 16), n_out: int = 3,
     row = _margin_row(n_out)
     feats_of = lambda x: x                                                   # noqa: E731
     x_star, r = _place(rng, weights, feats_of, lower, upper, row)
-    d = base_d(weights, None, lower, upper, row)
+    d = base_d(weights, None, lower, upper, row) if d is None else d
     x_star = x_star if spike else None
     nodes, inits = [], {}
     _mlp_nodes("x", _layers(weights, feats_of, x_star, r, row, d, np.eye(n_in)), inits, nodes)
@@ -192,9 +195,10 @@ def _conv_matrix(K, kb, side):
 
 
 def planted_cnn(seed: int, side: int = 5, channels: int = 3, hidden=(16, 16), n_out: int = 3,
-                radius: float = 0.1, spike: bool = True) -> Planted:
+                radius: float = 0.1, spike: bool = True, d: float | None = None) -> Planted:
     """Conv(1 -> channels + 1, 3x3, pad 1) -> ReLU -> Flatten -> MLP, on an image box inside
-    [0, 1]; the last conv channel copies the image (see the module docstring)."""
+    [0, 1]; the last conv channel copies the image (see the module docstring). d: as for
+    `planted_mlp`."""
     rng = np.random.default_rng(seed)
     n = side * side
     K = np.concatenate([rng.normal(0, 1 / 3, (channels, 1, 3, 3)), np.zeros((1, 1, 3, 3))])
@@ -207,7 +211,7 @@ def planted_cnn(seed: int, side: int = 5, channels: int = 3, hidden=(16, 16), n_
     row = _margin_row(n_out)
     feats_of = lambda x: np.maximum(x @ A.T + a, 0)                          # noqa: E731
     x_star, r = _place(rng, weights, feats_of, lower, upper, row)
-    d = base_d(weights, (A, a), lower, upper, row)
+    d = base_d(weights, (A, a), lower, upper, row) if d is None else d
     x_star = x_star if spike else None
     pick = np.zeros((n, len(a)))
     pick[np.arange(n), channels * n + np.arange(n)] = 1.0
