@@ -76,6 +76,7 @@ def test_relu_split_domains_are_sound(tmp_path):
     beta-CROWN bound hold at every sampled or attacked point of the sub-domain; a domain found
     empty has no such point; beta helps somewhere."""
     from shardbound.runtime.engine.beta import beta_crown
+    from shardbound.runtime.engine.optimise import initial_alphas
 
     net = _load(tmp_path, zoo.mlp(np.random.default_rng(3), sizes=(5, 12, 12, 3))[0])
     gen = torch.Generator().manual_seed(0)
@@ -98,7 +99,13 @@ def test_relu_split_domains_are_sound(tmp_path):
             ibp, known = net.intermediate_bounds(lo, hi, splits=splits)
             lb0, _ = net.final_crown(ibp, known, lo, hi, C, lower_only=True)
             lb, _ = beta_crown(net, ibp, known, lo, hi, C, splits, lb0, iterations=20)
-        assert bool((lb >= lb0).all())
+            # A warm start (branch and bound's children start from their parent's alphas):
+            # any start, here random slopes, still gives a sound bound.
+            shapes = {k: v.shape for k, v in initial_alphas(net, known, 1, C.shape[0]).items()}
+            start = {k: torch.rand(v, generator=gen) for k, v in shapes.items()}
+            lb_warm, _ = beta_crown(net, ibp, known, lo, hi, C, splits, lb0, iterations=5,
+                                    alpha_start=(start, torch.ones(1, dtype=torch.bool)))
+        assert bool((lb >= lb0).all()) and bool((lb_warm >= lb0).all())
         pts, vals = _domain_points(net, lo.reshape(-1), hi.reshape(-1), C, splits, gen)
         empty = any(bool((k[0] > k[1]).any()) for k in known.values())
         if empty:
@@ -107,6 +114,7 @@ def test_relu_split_domains_are_sound(tmp_path):
         checked += len(pts)
         slack = REL_TOL * (1 + lb.abs())
         assert bool((vals >= lb - slack).all()), (trial, vals.min(0).values, lb)
+        assert bool((vals >= lb_warm - slack).all()), (trial, vals.min(0).values, lb_warm)
         improved += int(bool((lb > lb0 + 1e-4).any()))
     assert checked > 1000 and improved > 0
 

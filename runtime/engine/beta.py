@@ -27,13 +27,20 @@ LR_BETA = 0.05
 
 
 def beta_crown(network, ibp, known, lower, upper, C, splits, lb_start,
-               iterations: int = DEFAULT_ITERATIONS, stop=None):
+               iterations: int = DEFAULT_ITERATIONS, stop=None, alpha_start=None,
+               alpha_out=None):
     """(lower bounds (B, S) of C f(x) on each domain, at least `lb_start` (a sound bound of
     the same rows, e.g. CROWN's); the input A-matrix (B, S, *input) of the last iteration, or
     None). `splits` maps nodes feeding splittable ops to int8 (B, *shape). The A-matrix's
     minimising box vertex is where the optimised relaxation expects a violation: a
     counterexample candidate that respects the split constraints better than CROWN's.
-    `stop()` ends the optimisation early (a time budget; see `optimise.maximise`)."""
+    `stop()` ends the optimisation early (a time budget; see `optimise.maximise`).
+
+    Warm start (branch and bound's children start from their parent's optimised slopes):
+    `alpha_start` = ({op name: (B, S_local, *alpha shape)}, (B,) bool: the domains that have
+    one); the others start from CROWN's slopes. Any feasible start is sound; the start is
+    projected onto each op's alpha set first. A dict as `alpha_out` receives the alphas of
+    the last iteration (detached), in the same layout."""
     S_all = lb_start.shape[1]
     a, b = network.rows.my_range(S_all)
     start = lb_start[:, a:b]
@@ -41,6 +48,14 @@ def beta_crown(network, ibp, known, lower, upper, C, splits, lb_start,
     if S == 0 or iterations <= 0:
         return network.rows.gather(start.clone(), S_all), None
     alphas = initial_alphas(network, known, B, S)
+    if alpha_start is not None:
+        start_alphas, has = alpha_start
+        with torch.no_grad():
+            for name, a in alphas.items():
+                if name in start_alphas and start_alphas[name].shape == a.shape:
+                    w = has.to(a.device).reshape(B, *([1] * (a.dim() - 1)))
+                    a.copy_(torch.where(w, start_alphas[name].to(a.device), a))
+                    network.by_name[name].alpha_project_(a)
     betas, signs = {}, {}
     for name, s in splits.items():
         if bool((s != 0).any()):
@@ -62,4 +77,6 @@ def beta_crown(network, ibp, known, lower, upper, C, splits, lb_start,
     groups = [alpha_group(network, alphas, LR_ALPHA),
               ParamGroup(list(betas.values()), LR_BETA, project_betas)]
     best = maximise(objective, groups, iterations, start=start, stop=stop)
+    if alpha_out is not None:
+        alpha_out.update({name: a.detach() for name, a in alphas.items()})
     return network.rows.gather(best, S_all), network.rows.gather(grab["lA"].detach(), S_all)

@@ -11,31 +11,48 @@ CROWN get beta-CROWN bounds (`runtime/engine/beta.py`: the split constraints ent
 multipliers). A leaf with no unstable neuron left but an open bound is set aside as
 unresolved, never counted as proved.
 
-Branching (BaBSR-like): the unstable neuron with the largest |A| (summed over the spec rows
-still open) times its op's `branch_slack` (for a ReLU the intercept of its upper line,
--l u / (u - l)), i.e. the most slack the neuron's relaxation adds to the lower bound. Every open domain also proposes a
-counterexample: per open spec row, the box vertex that minimises that row's linear lower
-bound (beta-CROWN's where it ran); the caller confirms it with a plain forward pass.
+Branching: filtered smart branching. BaBSR's score (the unstable neuron's |A|, summed over
+the spec rows still open, times its op's `branch_slack`: for a ReLU the intercept of its
+upper line, -l u / (u - l), the most slack its relaxation adds to the lower bound) proposes
+FSB_CANDIDATES neurons; a one-step bound of both children (`_fsb_choice`) picks one. Every
+open domain also proposes counterexamples: per open spec row, the box vertex that minimises
+that row's linear lower bound (beta-CROWN's where it ran); the caller confirms them with a
+plain forward pass; the most violated domains also get a split-respecting attack
+(runtime/verification/falsify.py).
 
 Children keep their parent's intermediate bounds as a prior: CROWN then runs only for the
-neurons still unstable under them (measured: 27x more domains per second on mnistfc 256x2).
+neurons still unstable under them (measured: 27x more domains per second on mnistfc 256x2),
+and their parent's optimised alphas as beta-CROWN's start (`WarmAlphas`).
 
-Domains live on a stack (depth first) of per-ReLU int8 assumption tensors, processed in
-batches. Deterministic: no randomness, and ties break towards the lowest neuron index.
+Open domains are per-ReLU int8 assumption tensors, taken in batches (`batch_for_memory`)
+most violated first (the parent's margin; ties: the older position). Deterministic: no
+randomness, ties break towards the lowest neuron index; what depends on the clock (the
+attacks' time share, the final pass) is agreed over ranks.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from shardbound.runtime.verification.input_split import refuted_conjunctions
+from shardbound.runtime.verification.falsify import split_pgd
+from shardbound.runtime.verification.input_split import closeness, refuted_conjunctions
 from shardbound.runtime.engine.beta import DEFAULT_ITERATIONS, beta_crown
 
 MAX_DOMAINS = 50_000      # each keeps its parent's intermediate bounds: ~8 bytes a neuron
+ATTACK_DOMAINS = 2        # open domains per round attacked by `split_pgd` (the most violated)
+ATTACK_SHARE = 0.15       # of branch and bound's time, at most, spent in those attacks
+ATTACK_STEPS = 30
+BAB_MEMORY_BYTES = 2 << 30      # at most this much for one batch of domains (memory_figure)
+BETA_MEMORY_FACTOR = 4          # beta-CROWN's round against one CROWN pass (batch_for_memory)
+MIN_BATCH, MAX_BATCH = 8, 128   # domains per batch
+FSB_CANDIDATES = 3        # filtered smart branching: BaBSR's top k, judged by a one-step bound
+KEPT_ALPHA_BYTES = 256 << 20   # the warm-start alphas of open domains (see WarmAlphas)
+FINAL_SHARE = 0.1         # the last share of the budget goes to the final falsification pass
 
 
 @dataclass
@@ -66,6 +83,86 @@ def _slack_scores(network, ops, split_A, known, open_rows) -> torch.Tensor:
     return torch.cat(parts, dim=1)
 
 
+def _fsb_choice(network, relus, names, offsets, known, ibp, lo_flat, hi_flat, C, d, owner,
+                scores, which, k: int) -> torch.Tensor:
+    """Filtered smart branching: per domain in `which` (indices into the batch), BaBSR's top
+    k neurons (`scores`, (len(which), total)), each judged by a one-step bound: the final
+    CROWN pass on both children with the parent's intermediate bounds and the neuron's
+    bounds clamped at 0 (no intermediate pass). The neuron whose children's margins still
+    short of proved sum highest wins (a proved child counts 0: splits that close one side
+    are preferred, which also isolates a spike's support, see falsify.py; ties: BaBSR's
+    order). Returns (len(which),) global neuron indices."""
+    order = torch.argsort(scores, dim=1, descending=True, stable=True)[:, :k]   # (b, k)
+    b = len(which)
+    valid = torch.gather(scores, 1, order) >= 0
+    cand = order.reshape(-1)
+    m = 2 * len(cand)
+    parent = which.repeat_interleave(2 * k).to(network.device)
+    child_known = {nm: (v[0].index_select(0, parent).clone(), v[1].index_select(0, parent).clone())
+                   for nm, v in known.items()}
+    rows = torch.arange(m, device=network.device)
+    glob = cand.repeat_interleave(2).to(network.device)
+    active = (torch.arange(m) % 2 == 0).to(network.device)
+    for i, nm in enumerate(names):
+        lo_t, hi_t = child_known[nm]
+        flat_lo, flat_hi = lo_t.reshape(m, -1), hi_t.reshape(m, -1)
+        mine = (glob >= int(offsets[i])) & (glob < int(offsets[i + 1]))
+        if not bool(mine.any()):
+            continue
+        r, j = rows[mine], glob[mine] - int(offsets[i])
+        act = active[mine]
+        flat_lo[r, j] = torch.where(act, flat_lo[r, j].clamp(min=0), flat_lo[r, j])
+        flat_hi[r, j] = torch.where(act, flat_hi[r, j], flat_hi[r, j].clamp(max=0))
+    out = network.output.name
+    child_ibp = {out: (ibp[out][0].index_select(0, parent), ibp[out][1].index_select(0, parent))}
+    shape = (m, *network.input_shape)
+    clo = lo_flat.expand(m, -1).reshape(shape).to(network.device)
+    chi = hi_flat.expand(m, -1).reshape(shape).to(network.device)
+    with torch.no_grad():
+        lb, _ = network.final_crown(child_ibp, child_known, clo, chi, C, lower_only=True)
+    n_conj = int(owner.max()) + 1
+    close = closeness(lb.cpu(), d, owner, n_conj).reshape(b, k, 2).clamp(max=0).sum(dim=2)
+    close = torch.where(valid & ~close.isnan(), close, torch.full_like(close, -float("inf")))
+    pick = close.argmax(dim=1)
+    return order[torch.arange(b), pick]
+
+
+def memory_figure(network) -> int:
+    """Bytes branch and bound may use for one batch: a quarter of the available memory of
+    the network's device (MemAvailable on the CPU, cudaMemGetInfo's free on a GPU), at most
+    BAB_MEMORY_BYTES; each rank of a job takes its own share of the machine."""
+    free = None
+    try:
+        if network.device.type == "cuda":
+            free = torch.cuda.mem_get_info(network.device)[0]
+        else:
+            with open("/proc/meminfo", encoding="ascii") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        free = int(line.split()[1]) * 1024
+    except (OSError, RuntimeError, ValueError):
+        free = None
+    world = network.tp.comm.world if network.tp is not None else 1
+    return min(BAB_MEMORY_BYTES, (free or BAB_MEMORY_BYTES) // (4 * world))
+
+
+def batch_for_memory(network, rows: int, budget_bytes: int, agree=lambda f: f) -> int:
+    """Domains per batch (a power of two in [MIN_BATCH, MAX_BATCH]) whose beta-CROWN round
+    fits `budget_bytes`: the memory model's CROWN peak per box (`predict_peak` at batch 1
+    and 2: its slope) for `rows` spec rows, times BETA_MEMORY_FACTOR for autograd's saved
+    A-matrices and the alphas with their Adam moments. Doubling stops as soon as one rank's
+    budget is reached (`agree`: a flag OR-ed over ranks), so every rank takes the same."""
+    from shardbound.runtime.accounting.memory_model import network_shapes, predict_peak
+    shapes = network_shapes(network)
+    one, two = (predict_peak(shapes, network.output.name, 1, batch=b, spec_rows=rows)
+                ["peak_tracked_bytes"] for b in (1, 2))
+    per_box = max(two - one, 1) * BETA_MEMORY_FACTOR
+    b = MIN_BATCH
+    while 2 * b <= MAX_BATCH and not agree(one + 2 * b * per_box > budget_bytes):
+        b *= 2
+    return b
+
+
 def split_ops(network) -> list:
     """The splittable ops, one per input node (two ops reading one node share its splits)."""
     seen, ops = set(), []
@@ -83,25 +180,119 @@ def _flat_bounds(bounds, names, b) -> torch.Tensor:
                        dim=1).cpu()
 
 
-def _optimise(network, ibp, known, lo, hi, C, splits, lb, which, iterations, stop=None):
+def _optimise(network, ibp, known, lo, hi, C, splits, lb, which, iterations, stop=None,
+              warm=None):
     """(lb with the rows of the domains in `which` raised by beta-CROWN, their indices, their
-    input A-matrices from beta-CROWN or None)."""
+    input A-matrices from beta-CROWN or None, their alphas after the optimisation).
+    warm: (alphas of the batch's domains, (B,) bool: which have them) to start from."""
     idx = torch.nonzero(which).reshape(-1)
     dev_idx = idx.to(lo.device)
     pick = lambda t: t.index_select(0, dev_idx)                                # noqa: E731
     sub = lambda m: {k: (pick(v[0]), pick(v[1])) for k, v in m.items()}       # noqa: E731
+    start = None
+    if warm is not None and bool(warm[1][idx].any()):
+        start = ({k: pick(v) for k, v in warm[0].items()}, warm[1][idx])
+    alphas = {}
     with torch.no_grad():
         better, lA = beta_crown(network, sub(ibp), sub(known), pick(lo), pick(hi), C,
                                 {k: pick(v) for k, v in splits.items()},
-                                lb.index_select(0, idx).to(lo.device), iterations, stop=stop)
+                                lb.index_select(0, idx).to(lo.device), iterations, stop=stop,
+                                alpha_start=start, alpha_out=alphas)
     out = lb.clone()
     out[idx] = torch.maximum(out[idx], better.cpu())
-    return out, idx, (None if lA is None else lA.cpu())
+    return out, idx, (None if lA is None else lA.cpu()), alphas
+
+
+class WarmAlphas:
+    """Optimised alphas kept per open domain (flattened, on the CPU), so that children start
+    beta-CROWN from their parent's slopes. Capped at `cap_bytes` in all: past that, warm
+    starts stop for the rest of the run (children start from CROWN's slopes, as the root)."""
+
+    def __init__(self, cap_bytes: int):
+        self.cap = cap_bytes
+        self.layout = None          # [(op name, shape after the batch dimension)]
+        self.on = True
+
+    def flatten(self, alphas: dict, b: int) -> torch.Tensor:
+        if self.layout is None:
+            self.layout = [(k, tuple(v.shape[1:])) for k, v in alphas.items()]
+        return torch.cat([alphas[k].reshape(b, -1).cpu() for k, _ in self.layout], dim=1)
+
+    def unflatten(self, flat: torch.Tensor, device) -> dict:
+        out, at = {}, 0
+        for k, shape in self.layout:
+            size = math.prod(shape)
+            out[k] = flat[:, at:at + size].reshape(len(flat), *shape).to(device)
+            at += size
+        return out
+
+    def width(self) -> int:
+        return sum(math.prod(shape) for _, shape in self.layout) if self.layout else 0
+
+    def fits(self, rows: int) -> bool:
+        self.on = self.on and rows * self.width() * 4 <= self.cap
+        return self.on
+
+
+def _best_to_tail(key: torch.Tensor, k: int):
+    """(a, b): swapping positions a and b of the stack puts its k lowest keys (the most
+    violated domains; ties: the lower position) in its last k places, moving as few entries
+    as possible (only chosen entries outside the tail and unchosen ones inside it)."""
+    n = len(key)
+    best = torch.argsort(key, stable=True)[:k]
+    tail = torch.arange(n - k, n)
+    chosen = torch.zeros(n, dtype=torch.bool)
+    chosen[best] = True
+    return best[best < n - k], tail[~chosen[tail]]
+
+
+def _swap_(tensors, a, b) -> None:
+    """Swap rows a and b of every tensor in place (the stack's aligned per-domain data)."""
+    for t in tensors:
+        if t is not None and len(a):
+            ta, tb = t[a].clone(), t[b].clone()
+            t[a], t[b] = tb, ta
+
+
+def _attack_domains(network, lo_flat, hi_flat, C, d, owner_t, lA, lb, order, splits, dom_open,
+                    is_violation, stop, seed):
+    """split_pgd in the given open domains (indices into the batch), each from its most
+    violated row's bound-minimising vertex and one seeded random point, on that row's
+    conjunction. A confirmed counterexample (flattened, CPU) or None."""
+    if not len(order):
+        return None
+    n = lo_flat.shape[1]
+    margin = lb[order].double() - torch.from_numpy(d)                         # (k, R)
+    margin = torch.where(dom_open[order], margin, torch.full_like(margin, float("inf")))
+    row = margin.argmin(dim=1)
+    rows = owner_t.unsqueeze(0) == owner_t[row].unsqueeze(1)                  # (k, R)
+    vert = torch.where(lA[order, row] > 0, lo_flat, hi_flat)                  # (k, n)
+    gen = torch.Generator().manual_seed(seed)
+    rand = lo_flat + torch.rand(len(order), n, generator=gen) * (hi_flat - lo_flat)
+    starts = torch.cat([vert, rand])
+    sp = {k: torch.cat([v[order], v[order]]) for k, v in splits.items()}
+    x = split_pgd(network, lo_flat, hi_flat, starts, C, torch.tensor(d, dtype=torch.float32),
+                  torch.cat([rows, rows]), sp, steps=ATTACK_STEPS, stop=stop)
+    if x is not None and is_violation(x.reshape(1, -1)) is not None:
+        return x.reshape(-1)
+    return None
+
+
+def _proof_out_of_reach(verified: float, since: tuple[float, float], deadline: float) -> bool:
+    """Whether the proved share, growing at its recent rate (since `since` = (time, proved
+    share then): the second half of the time so far; the first domains often prove half
+    the tree at once and then stall), stays under the whole tree by the deadline."""
+    now = time.monotonic()
+    t0, v0 = since
+    rate = (verified - v0) / max(now - t0, 1e-9)
+    return verified + rate * (deadline - now) < 1.0
 
 
 def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violation,
-               batch: int = 32, progress=None, iterations: int = DEFAULT_ITERATIONS,
-               root_prior=None, stop=None, certify=None) -> ReluBabResult:
+               batch: int | None = None, progress=None, iterations: int = DEFAULT_ITERATIONS,
+               root_prior=None, stop=None, certify=None, attack_domains: int = ATTACK_DOMAINS,
+               final_share: float = FINAL_SHARE, fsb: int = FSB_CANDIDATES,
+               warm_start: bool = True) -> ReluBabResult:
     """Prove or refute {x in [lo, hi]: some conjunction of C f(x) <= d} by ReLU splitting.
 
     agree(flag) -> bool: the flag OR-ed over ranks. is_violation(x (N, n)) -> index of a
@@ -111,9 +302,20 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
     `agree`), asked before each round and inside beta-CROWN's optimisation.
     certify(los, his, splits) -> (b,) bool: --soundness real/float32, the domains the
     rigorous bounds prove (with the split assumptions as clamps); a domain the float32
-    bounds prove but these do not stays open and is split further."""
+    bounds prove but these do not stays open and is split further.
+
+    Counterexample search runs alongside the proof: domains are refined most violated first
+    (the lowest CROWN / beta-CROWN margin, inherited by the children), every open domain's
+    bound-minimising vertices are checked, `attack_domains` of the most violated open
+    domains per round get a split-respecting attack (`falsify.split_pgd`; in at most
+    ATTACK_SHARE of the time), and once only
+    `final_share` of the time to `deadline` is left, unless the proved share (at its rate
+    since halfway to that point) is on course to reach the whole tree by then, branching
+    stops: the rest of the budget attacks the open domains, most violated first."""
     if stop is None:
         stop = lambda: agree(time.monotonic() > deadline)          # noqa: E731
+    if batch is None:       # the same on every rank: the smallest rank's figure
+        batch = batch_for_memory(network, C.shape[0], memory_figure(network), agree)
     relus = split_ops(network)
     if not relus:
         return ReluBabResult("unknown", reason="no splittable op (ReLU or another kink) to split")
@@ -133,17 +335,35 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
     if root_prior is not None and all(name in root_prior for name in names):
         bounds = _flat_bounds(root_prior, names, 1)
     depth = torch.zeros(1, dtype=torch.float64)
+    key = torch.zeros(1, dtype=torch.float64)   # the parent's margin: most violated first
+    store = WarmAlphas(KEPT_ALPHA_BYTES if warm_start else 0)
+    warm = torch.zeros(1, 0)                     # (N, alpha width): the parents' alphas
+    has = torch.zeros(1, dtype=torch.bool)       # which domains have them
     bounded, verified, unresolved = 0, 0.0, 0
     start = time.monotonic()
+    final_at = (deadline - final_share * (deadline - start) if math.isfinite(deadline)
+                else math.inf)
+    final = False                       # the final falsification pass: attack, never branch
+    dropped = 0                         # open domains it attacked and let go (never proved)
+    rounds, attack_s = 0, 0.0
+    midway = None                       # (time, proved share) halfway to final_at
     while len(stack):
         if stop():
             return ReluBabResult("timeout", domains=bounded, verified_fraction=verified)
         if len(stack) > MAX_DOMAINS:
             return ReluBabResult("unknown", domains=bounded, verified_fraction=verified,
                                  reason=f"more than {MAX_DOMAINS} open domains")
+        if midway is None and time.monotonic() > (start + final_at) / 2:
+            midway = (time.monotonic(), verified)
+        if not final and time.monotonic() > final_at:
+            final = agree(_proof_out_of_reach(verified, midway or (start, 0.0), deadline))
+            final_at = math.inf         # decided once
         take = min(batch, len(stack))
+        _swap_((stack, depth, key, warm, has, bounds), *_best_to_tail(key, take))
         dom, ddepth = stack[-take:], depth[-take:]
-        stack, depth = stack[:-take], depth[:-take]
+        bwarm, bhas = warm[-take:], has[-take:]
+        stack, depth, key = stack[:-take], depth[:-take], key[:-take]
+        warm, has = warm[:-take], has[:-take]
         prior = None
         if bounds is not None:
             pb, bounds = bounds[-take:].to(dev), bounds[:-take]
@@ -161,6 +381,7 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
             lb, _ = network.final_crown(ibp, known, blo, bhi, Cd, input_A=grab, lower_only=True,
                                         split_A=split_A)
         bounded += take
+        rounds += 1
         lb = lb.cpu()
         empty = torch.zeros(take, dtype=torch.bool)
         for name in names:
@@ -169,9 +390,16 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         empty = network.any_over_ranks(empty)
         refuted = refuted_conjunctions(lb, d, owner, n_conj)
         lA = grab["lA"].cpu().reshape(take, C.shape[0], -1)
-        if iterations > 0 and bool((~(refuted.all(dim=1) | empty)).any()):
-            lb, idx, beta_lA = _optimise(network, ibp, known, blo, bhi, Cd, splits, lb,
-                                         ~(refuted.all(dim=1) | empty), iterations, stop)
+        if not final and iterations > 0 and bool((~(refuted.all(dim=1) | empty)).any()):
+            start_alphas = ((store.unflatten(bwarm, dev), bhas)
+                            if store.on and bool(bhas.any()) else None)
+            lb, idx, beta_lA, alphas = _optimise(network, ibp, known, blo, bhi, Cd, splits, lb,
+                                                 ~(refuted.all(dim=1) | empty), iterations,
+                                                 stop, start_alphas)
+            if store.on and alphas:
+                flat = store.flatten(alphas, len(idx))
+                bwarm, bhas = torch.zeros(take, flat.shape[1]), torch.zeros(take, dtype=torch.bool)
+                bwarm[idx], bhas[idx] = flat, True
             refuted = refuted_conjunctions(lb, d, owner, n_conj)
             if beta_lA is not None:
                 lA = lA.clone()
@@ -199,24 +427,72 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
             if hit is not None:
                 return ReluBabResult("sat", x=verts[hit], domains=bounded,
                                      verified_fraction=verified)
+        close = closeness(lb, d, owner, n_conj)
+        worst = torch.nonzero(open_).reshape(-1)
+        worst = worst[torch.argsort(close[worst], stable=True)]
+        # Attack while the attacks' share of the time stays under ATTACK_SHARE (agreed over
+        # ranks, so every rank runs the same forward passes); every open domain in the final
+        # pass.
+        n_attack = len(worst) if final else attack_domains
+        if not final and n_attack:
+            n_attack *= agree(attack_s <= ATTACK_SHARE * (time.monotonic() - start))
+        t_attack = time.monotonic()
+        x = _attack_domains(network, lo_flat, hi_flat, C, d, owner_t, lA, lb, worst[:n_attack],
+                            {k: v.cpu() for k, v in splits.items()}, open_rows, is_violation,
+                            stop, seed=rounds)
+        attack_s += time.monotonic() - t_attack
+        if x is not None:
+            return ReluBabResult("sat", x=x, domains=bounded, verified_fraction=verified)
+        if final:
+            dropped += len(worst)       # attacked, not refined: the budget is nearly spent
+            continue
         scores = _slack_scores(network, relus, split_A, known, open_rows.to(dev).to(lb.dtype)).cpu()
         kb = _flat_bounds(known, names, take)
         scores, odom, odepth, okb = scores[open_], dom[open_], ddepth[open_], kb[open_]
+        oclose = close[open_]
         best = scores.argmax(dim=1)
         splittable = scores.max(dim=1).values >= 0
+        # Filtered smart branching, except in the `attack_domains` most violated domains:
+        # there BaBSR's neuron (the most relaxation slack in the bound) is split, which
+        # isolates a spike's support for the next attack (FSB prefers neurons that tighten
+        # the bound, and reached a planted spike's ReLU thousands of domains later). tp: a
+        # rank holds only its channels' bounds; BaBSR's choice stands there.
+        fsb_rows = splittable.clone()
+        fsb_rows[torch.isin(torch.nonzero(open_).reshape(-1), worst[:attack_domains])] = False
+        if fsb > 1 and network.tp is None and bool(fsb_rows.any()):
+            which = torch.nonzero(open_).reshape(-1)[fsb_rows]
+            best = best.clone()
+            sub_scores = scores[fsb_rows]
+            chunk = max(1, batch // fsb)        # 2 * chunk * fsb children per CROWN call
+            best[fsb_rows] = torch.cat([
+                _fsb_choice(network, relus, names, offsets, known, ibp, lo_flat, hi_flat, Cd,
+                            d, owner, sub_scores[i:i + chunk], which[i:i + chunk], fsb)
+                for i in range(0, len(which), chunk)])
         if not bool(splittable.all()):
             # No unstable neuron left and still open (beta-CROWN's fixed iterations did not
             # close it): set it aside, never count it as proved.
             unresolved += int((~splittable).sum())
         odom, best, odepth = odom[splittable], best[splittable], odepth[splittable]
-        okb = okb[splittable]
+        okb, oclose = okb[splittable], oclose[splittable]
         rows = torch.arange(len(best))
         active, inactive = odom.clone(), odom.clone()
         active[rows, best] = 1
         inactive[rows, best] = -1
         stack = torch.cat([stack, inactive, active])
         depth = torch.cat([depth, odepth + 1, odepth + 1])
+        key = torch.cat([key, oclose, oclose])
+        ow = bwarm[open_][splittable]
+        oh = bhas[open_][splittable]
+        if store.on and ow.shape[1] and store.fits(len(stack)):
+            if warm.shape[1] != ow.shape[1]:          # the first alphas: the layout is known
+                warm = torch.zeros(len(has), ow.shape[1])
+            warm, has = torch.cat([warm, ow, ow]), torch.cat([has, oh, oh])
+        else:
+            warm, has = torch.zeros(len(stack), 0), torch.zeros(len(stack), dtype=torch.bool)
         bounds = torch.cat([bounds if bounds is not None else okb[:0], okb, okb])
+    if dropped:
+        return ReluBabResult("timeout", domains=bounded, verified_fraction=verified,
+                             reason="the final falsification pass found no counterexample")
     if unresolved:
         return ReluBabResult("unknown", domains=bounded, verified_fraction=verified,
                              reason=f"{unresolved} domain(s) with every ReLU split unresolved")
