@@ -34,13 +34,25 @@ def _sample_axes(x, axes) -> tuple[int, ...]:
     return tuple(sorted(a - lead for a in axes if a >= lead))
 
 
-def normalize(ctx, c, sample_axes, eps: float, out_tensor=None):
-    """c / sqrt(mean(c^2 over sample_axes) + eps)."""
+def normalize(ctx, c, v, sample_axes, eps: float, out_tensor=None):
+    """c / sqrt(v), v = mean(c^2 over sample_axes) + eps (computed by the nodes before)."""
     if not eps > 0 or not math.isfinite(eps):
         raise ctx.error(f"epsilon is {eps}; it must be a positive number (var + epsilon "
                         "divides)")
-    return ctx.emit("normalize", [c], out_tensor, attrs={"axes": tuple(sample_axes),
-                                                           "eps": float(eps)})
+    return ctx.emit("normalize", [c, v], out_tensor, attrs={"axes": tuple(sample_axes),
+                                                              "eps": float(eps)})
+
+
+def _scaled(ctx, x, scale: float, shift: float = 0.0, out_tensor=None):
+    """x * scale + shift with one scale and shift for every element (x itself if identity)."""
+    if scale == 1.0 and shift == 0.0:
+        if out_tensor is not None:
+            ctx.alias(out_tensor, x)
+        return x
+    params = {"scale": np.full(x.shape, scale, np.float32)}
+    if shift:
+        params["shift"] = np.full(x.shape, shift, np.float32)
+    return ctx.emit("affine", [x], out_tensor, params=params)
 
 
 @register("LayerNormalization", since=17)
@@ -67,13 +79,18 @@ def lower_layer_normalization(ctx, node):
     mean = ctx.emit("reduce_sum", [x], attrs={"axes": axes, "mean": True})
     spread = ctx.canonical(expand_to(ctx, mean, full))
     c = ctx.emit("add", [x, spread], attrs={"coeffs": (1.0, -1.0)})
-    n = normalize(ctx, c, axes, eps)
+    square = ctx.emit("pow", [c], attrs={"exponent": 2.0})
+    var = ctx.emit("reduce_sum", [square], attrs={"axes": axes, "mean": True})
+    if not eps > 0:
+        normalize(ctx, c, var, axes, eps)           # the one-line error
+    n = normalize(ctx, c, _scaled(ctx, var, 1.0, eps), axes, eps)
     _affine(ctx, node.outputs[0], n, scale=gamma, shift=beta)
 
 
 # -- the patterns of older exports ----------------------------------------------------------------
 def _mean_square(ctx, v, a):
-    """(k, t, axes) with v = k * mean(a^2 over the sample axes) + t, k > 0, t > 0; or None."""
+    """(k, t, axes) with v = k * mean(a^2 over the sample axes) + t, k > 0, t > 0; or None.
+    v is affine nodes over a reduce_sum of a polynomial in a that is c a^2."""
     s, t, base = uv.peel(ctx, v)
     red = uv.producer(ctx, base)
     if red is None or red.op != "reduce_sum":
@@ -123,13 +140,8 @@ def _emit_normalized(ctx, node, a, b, factor: float, v) -> bool:
     reduced = tuple(1 if i in axes else d for i, d in enumerate(a.shape))
     if tuple(b.shape) != reduced or b.batched != a.batched:
         return False
-    y = normalize(ctx, a, axes, t / k)
-    scale = factor / math.sqrt(k)
-    if scale == 1.0:
-        ctx.alias(node.outputs[0], y)
-    else:
-        ctx.emit("affine", [y], node.outputs[0],
-                 params={"scale": np.full(y.shape, scale, np.float32)})
+    y = normalize(ctx, a, _scaled(ctx, v, 1.0 / k), axes, t / k)
+    _scaled(ctx, y, factor / math.sqrt(k), out_tensor=node.outputs[0])
     return True
 
 

@@ -1,37 +1,40 @@
-"""The normalization family: `normalize`, y = x / sqrt(mean(x^2) + eps) over some sample axes
-(each group of elements that share the other axes' indices is normalised alone). With its
-input centred (x - mean(x), two linear nodes before it) and an affine (gamma, beta) after it,
-this is LayerNormalization; alone it is RMS normalisation. compiler/lowering/normalization.py
-lowers LayerNormalization (opset 17) and the ReduceMean / Sub / Pow / ReduceMean / Add / Sqrt /
-Div pattern of older exports to that composition. Keeping the centring outside the kernel is
-what makes the relaxation tight: CROWN bounds the centred value c itself (a linear function of
-the network), and the kernel relaxes only c -> c * r(c), r = (mean(c^2) + eps)^(-1/2).
+"""The normalization family: `normalize`, y = c / sqrt(v) where v = mean(c^2) + eps over some
+sample axes (each group of elements that share the other axes' indices is normalised alone).
+Its second input v is computed by the nodes before it (pow 2, reduce_sum with mean, affine +
+eps) from the same c: by construction v(x) = mean(c(x)^2) + eps for every input x, so the
+kernel may use both v's own bounds (CROWN bounds it, which captures how the c_j move together)
+and the range of mean(c^2) + eps over c's box. With c = x - mean(x) (linear nodes) and an
+affine (gamma, beta) after it this is LayerNormalization; with c = x, RMS normalisation.
+compiler/lowering/normalization.py lowers LayerNormalization (opset 17) and the ReduceMean /
+Sub / Pow / ReduceMean / Add / Sqrt / Div pattern of older exports to that composition.
 
-IBP is exact over the box: y_i increases with c_i and, for j != i, decreases with c_j^2 where
-c_i > 0 (increases where c_i < 0), so the extremes of y_i put c_i at an end and every other
-c_j^2 at its least or greatest value over [l_j, u_j].
+IBP is exact over c's box (intersected with c * [vu^-1/2, vl^-1/2]): y_i increases with c_i
+and, for j != i, decreases with c_j^2 where c_i > 0 (increases where c_i < 0), so the extremes
+of y_i put c_i at an end and every other c_j^2 at its least or greatest value over [l_j, u_j].
 
-CROWN (a linear relaxation in the spirit of Shi et al. 2020 and DeepT's treatment of the
-standard deviation, written for this kernel): y_i = c_i * r with
-- r in [rl, ru] = [g(vu), g(vl)], g(v) = v^(-1/2), v = mean(c^2) + eps in [vl, vu] (exact
-  range over the box);
+CROWN (a linear relaxation in the spirit of Shi et al. 2020's for products and the standard
+deviation, written for this kernel): y_i = c_i * r, r = g(v) = v^(-1/2), with
+- [vl, vu]: v's bounds intersected with the range of mean(c^2) + eps over the box (>= eps > 0,
+  so g is finite), and r in [rl, ru] = [g(vu), g(vl)];
 - McCormick planes of the product c_i * r on [l_i, u_i] x [rl, ru]: y_i >= d c_i + k r + e
   (lower) and y_i <= d' c_i + k' r + e' (upper), the plane whose r-coefficient is the smaller
   end of [l_i, u_i] in magnitude;
-- linear bounds of r in c over the box: g is convex and decreasing, so r >= g(v0) + g'(v0)
-  (v - v0) with v <= the chord of each c_j^2 (r_low(c)), and r <= the chord of g over [vl, vu]
-  with v >= the tangent of each c_j^2 at the middle of its interval (r_up(c)); v0 is v at the
-  middle of the box.
+- lines of the convex, decreasing g over [vl, vu]: r >= the tangent at the middle, r <= the
+  chord.
 In the backward step the r-coefficients of a row are summed over a group first (kappa, one
-contraction per group in the program's order), and kappa r is then bounded by r_low or r_up
-by kappa's sign: the row's A-matrix over the input is diagonal plus a rank-one term per group.
+contraction per group in the program's order) and kappa r is bounded by g's lower or upper
+line by kappa's sign, which sends kappa times its slope to v; A over c is diagonal. The nodes
+that compute v then relax c^2 (the pow kernel). Measured against auto_LiRPA 0.7.1 (which
+relaxes sqrt, the division and the product one by one) on Linear-LayerNorm-Linear-ReLU-Linear:
+mean CROWN width 0.0097 / 0.060 / 0.66 against 0.0098 / 0.065 / 1.11 at box radius 0.01 /
+0.05 / 0.2 (bench/normalization.py).
 
 Numerics: the lines are computed in float64 from the float32 bounds, rounded to float32 and
 moved outward by a margin that covers the rounding of every coefficient (2^-20 relative to
-the terms of each line) and of rl, ru (2^-40). Group sums in float64 go through a fixed
-pairwise tree (`_tree_sum`: elementwise adds, so the bits do not depend on threads or on a
-group's position). Infinite input bounds give constant lines from IBP (|y_i| < sqrt(D)
-always). eps must be > 0 (the lowering refuses 0): then var + eps > 0 everywhere.
+the terms of each line) and of [vl, vu] and [rl, ru] (2^-40). Group sums in float64 go
+through a fixed pairwise tree (`_tree_sum`: elementwise adds, so the bits do not depend on
+threads or on a group's position). Infinite bounds of c give constant lines from IBP (|y_i|
+< sqrt(D) always). eps must be > 0 (the lowering refuses 0): then v >= eps > 0 everywhere.
 """
 
 from __future__ import annotations
@@ -74,9 +77,9 @@ def _round_up(x64):
 
 @register_op
 class Normalize(Op):
-    """y = x / sqrt(mean(x^2 over `axes`) + eps), the per-sample `axes` normalised together
-    (keeping the shape). Relaxed (its lines depend on its input bounds); not splittable;
-    replicated in tp (a group spans the channels a zone would split)."""
+    """y = c / sqrt(v) with v = mean(c^2 over `axes`) + eps (the second input, of the reduced
+    shape with the axes kept as 1), the per-sample `axes` normalised together. Relaxed; not
+    splittable; replicated in tp (a group spans the channels a zone would split)."""
 
     kind = "normalize"
     relaxed = True
@@ -92,8 +95,8 @@ class Normalize(Op):
     def summation_note(cls, facts, sums):
         shape = facts.in_shapes[0]
         D = math.prod(shape[a] for a in facts.attrs.get("axes", ()))
-        return (f"fwd mean square over {sums(D)} per group; bias A.intercept over "
-                f"{sums(math.prod(shape))}; r-coefficients over {sums(D)} per group")
+        return (f"bias A.intercept over {sums(math.prod(shape))}; r-coefficients over "
+                f"{sums(D)} per group")
 
     # -- groups: (lead..., *shape) <-> (lead..., G, D) -------------------------------------------
     def _kept(self):
@@ -115,11 +118,17 @@ class Normalize(Op):
         inverse = [order.index(a) + lead for a in range(len(shape))]
         return moved.permute(*range(lead), *inverse).contiguous()
 
+    def infer_shape(self):
+        shape = self.in_shapes[0]
+        reduced = tuple(1 if a in self.axes else d for a, d in enumerate(shape))
+        if len(self.in_shapes) != 2 or self.in_shapes[1] != reduced or not self.axes:
+            raise ValueError(f"normalize takes c {shape} and its mean square {reduced}, got "
+                             f"{list(self.in_shapes)}")
+        return shape
+
     # -- forward and IBP ------------------------------------------------------------------------
-    def forward(self, x):
-        g = self._grouped(x, 1)
-        ms = contract.sum_last(g * g, self.order).unsqueeze(-1) / self.group_size
-        return self._ungrouped(g / torch.sqrt(ms + self.eps), 1)
+    def forward(self, c, v):
+        return c / torch.sqrt(v)
 
     def _ranges64(self, lo, hi):
         """float64 (l, u, min c^2, max c^2) per element, grouped (B, G, D)."""
@@ -128,103 +137,123 @@ class Normalize(Op):
         sq_lo = torch.where((l <= 0) & (u >= 0), torch.zeros_like(l), torch.minimum(l * l, u * u))
         return l, u, sq_lo, sq_hi
 
-    def _ibp64(self, l, u, sq_lo, sq_hi):
-        """The exact range of every y_i over the box, float64 (B, G, D), before rounding."""
+    def _box_ibp64(self, l, u, sq_lo, sq_hi):
+        """The exact range of every y_i over the box of c, float64 (B, G, D)."""
         D = self.group_size
         t_lo, t_hi = _tree_sum(sq_lo), _tree_sum(sq_hi)
 
         def value(c, others_small):
             others = torch.where(others_small, t_lo - sq_lo, t_hi - sq_hi).clamp(min=0)
-            v = self.eps + (c * c + others) / D
-            y = c / torch.sqrt(v)
-            y = torch.where(torch.isinf(c) & ~torch.isinf(others), torch.sign(c) * math.sqrt(D), y)
-            return y
+            y = c / torch.sqrt(self.eps + (c * c + others) / D)
+            return torch.where(torch.isinf(c) & ~torch.isinf(others), torch.sign(c) * math.sqrt(D), y)
 
-        top = value(u, u >= 0)
-        bottom = value(l, l < 0)
         root = math.sqrt(D)
-        top = torch.nan_to_num(top, nan=root).clamp(-root, root)
-        bottom = torch.nan_to_num(bottom, nan=-root).clamp(-root, root)
+        top = torch.nan_to_num(value(u, u >= 0), nan=root).clamp(-root, root)
+        bottom = torch.nan_to_num(value(l, l < 0), nan=-root).clamp(-root, root)
         return bottom, top
 
-    def ibp(self, b):
-        lo, hi = b
-        bottom, top = self._ibp64(*self._ranges64(lo, hi))
+    def _v_range64(self, sq_lo, sq_hi, v_bounds):
+        """[vl, vu] (B, G, 1) float64: the range of mean(c^2) + eps over the box of c,
+        intersected with v's own bounds (CROWN-tight; where they do not meet, rounding made
+        them disagree and the box's range alone is kept), widened by RANGE_EPS."""
+        D = self.group_size
+        vl = self.eps + _tree_sum(sq_lo) / D
+        vu = self.eps + _tree_sum(sq_hi) / D
+        if v_bounds is not None:
+            B = sq_lo.shape[0]
+            gl = v_bounds[0].reshape(B, -1, 1).to(F64)
+            gu = v_bounds[1].reshape(B, -1, 1).to(F64)
+            nl, nu = torch.maximum(vl, gl), torch.minimum(vu, gu)
+            meet = nl <= nu
+            vl, vu = torch.where(meet, nl, vl), torch.where(meet, nu, vu)
+        return vl * (1 - RANGE_EPS), vu * (1 + RANGE_EPS)
+
+    def _ibp64(self, c_bounds, v_bounds):
+        l, u, sq_lo, sq_hi = self._ranges64(*c_bounds)
+        bottom, top = self._box_ibp64(l, u, sq_lo, sq_hi)
+        vl, vu = self._v_range64(sq_lo, sq_hi, v_bounds)
+        rl, ru = (1 / torch.sqrt(vu)) * (1 - RANGE_EPS), (1 / torch.sqrt(vl)) * (1 + RANGE_EPS)
+        with torch.no_grad():
+            ends = torch.stack([l * rl, l * ru, u * rl, u * ru])
+        ends = torch.nan_to_num(ends, nan=0.0)
+        finite = torch.isfinite(l) & torch.isfinite(u)
+        bottom = torch.where(finite, torch.maximum(bottom, ends.amin(0)), bottom)
+        top = torch.where(finite, torch.minimum(top, ends.amax(0)), top)
+        return bottom, top
+
+    def ibp(self, c_bounds, v_bounds):
+        bottom, top = self._ibp64(c_bounds, v_bounds)
         widen = RANGE_EPS * (bottom.abs() + top.abs()) + TINY
         return (self._ungrouped(_round_down(bottom - widen), 1),
                 self._ungrouped(_round_up(top + widen), 1))
 
     def inexact_inputs(self, in_bounds):
-        lo, hi = in_bounds[0]
-        wide = (self._grouped(lo, 1) < self._grouped(hi, 1)).any(dim=-1, keepdim=True)
-        return [self._ungrouped(wide.expand(*wide.shape[:-1], self.group_size), 1)]
+        """Every element of a group whose box is not a point (each output of a group depends
+        on all its inputs); v where the group is inexact."""
+        c_bounds, v_bounds = in_bounds
+        masks = [None, None]
+        if c_bounds is not None:
+            lo, hi = c_bounds
+            wide = (self._grouped(lo, 1) < self._grouped(hi, 1)).any(dim=-1, keepdim=True)
+            masks[0] = self._ungrouped(wide.expand(*wide.shape[:-1], self.group_size), 1)
+        if v_bounds is not None:
+            masks[1] = v_bounds[0] < v_bounds[1]
+        return masks
 
     # -- the relaxation ---------------------------------------------------------------------------
-    def _lines(self, lo, hi):
-        """The float32 lines per box: per element (B, 1, G, D) the lower plane (d, k, e) and
-        the upper one, per group (B, 1, G) the r-lines' constants and per element their
-        coefficients: r_low(c) = aL + bL . c, r_up(c) = aU + bU . c."""
-        D = self.group_size
-        eps = self.eps
-        l, u, sq_lo, sq_hi = self._ranges64(lo, hi)
+    def _lines(self, c_bounds, v_bounds):
+        """The float32 lines per box: per element (B, 1, G, D) the lower plane y >= d c +
+        k r + e and the upper one, per group (B, 1, G) the r-lines r >= sL v + aL and
+        r <= sU v + aU."""
+        l, u, sq_lo, sq_hi = self._ranges64(*c_bounds)
         finite = (torch.isfinite(l) & torch.isfinite(u)).all(dim=-1, keepdim=True)
-        l = torch.where(finite, l, torch.zeros_like(l))
-        u = torch.where(finite, u, torch.zeros_like(u))
-        sq_lo = torch.where(finite, sq_lo, torch.zeros_like(sq_lo))
-        sq_hi = torch.where(finite, sq_hi, torch.zeros_like(sq_hi))
-        vl = (eps + _tree_sum(sq_lo) / D) * (1 - RANGE_EPS)
-        vu = (eps + _tree_sum(sq_hi) / D) * (1 + RANGE_EPS)
-        rl = (1 / torch.sqrt(vu)) * (1 - RANGE_EPS)
-        ru = (1 / torch.sqrt(vl)) * (1 + RANGE_EPS)
-        m = (l + u) / 2
+        zero = torch.zeros_like(l)
+        l, u = torch.where(finite, l, zero), torch.where(finite, u, zero)
+        sq_lo, sq_hi = torch.where(finite, sq_lo, zero), torch.where(finite, sq_hi, zero)
+        vl, vu = self._v_range64(sq_lo, sq_hi, v_bounds)
+        gl, gu = 1 / torch.sqrt(vl), 1 / torch.sqrt(vu)
+        rl, ru = gu * (1 - RANGE_EPS), gl * (1 + RANGE_EPS)
         M = torch.maximum(l.abs(), u.abs())
 
-        # r_low: tangent of g at v0, composed with the chords of c_j^2 (v <= v_up(c)).
-        v0 = (eps + _tree_sum(m * m) / D).clamp(min=vl, max=vu)
+        # r >= g(v0) + g'(v0) (v - v0) (tangent of the convex g at the middle of [vl, vu]);
+        # r <= the chord of g over [vl, vu] (slope g'(vu), never below the chord's, where the
+        # chord loses its digits).
+        v0 = (vl + vu) / 2
         g0 = 1 / torch.sqrt(v0)
-        dg0 = -0.5 * g0 / v0
-        sum_lu = _tree_sum(l * u) / D
-        bL = dg0 * (l + u) / D
-        aL = g0 + dg0 * (eps - sum_lu - v0)
-        errL = g0 + dg0.abs() * (_tree_sum((l * u).abs()) / D + v0 + eps) + aL.abs() \
-            + _tree_sum(bL.abs() * M)
-        # r_up: chord of g over [vl, vu] (slope g'(vu) where the chord loses its digits),
-        # composed with the tangents of c_j^2 at m_j (v >= v_low(c)).
-        gl, gu = 1 / torch.sqrt(vl), 1 / torch.sqrt(vu)
+        sL = -0.5 * g0 / v0
+        aL = g0 - sL * v0
+        errL = 2 * g0 + aL.abs() + sL.abs() * vu
         spread = vu - vl
         chord = (gu - gl) / torch.where(spread > 0, spread, torch.ones_like(spread))
-        slope = torch.where(spread > 1e-6 * vu, chord, -0.5 * gu / vu)
-        sum_mm = _tree_sum(m * m) / D
-        bU = slope * 2 * m / D
-        aU = gl + slope * (eps - sum_mm - vl)
-        errU = gl + slope.abs() * (sum_mm + vl + eps) + aU.abs() + _tree_sum(bU.abs() * M)
+        sU = torch.where(spread > 1e-6 * vu, chord, -0.5 * gu / vu)
+        aU = gl - sU * vl
+        errU = gl + aU.abs() + sU.abs() * vu
 
-        # McCormick planes, the one whose r-coefficient is the smaller end in magnitude.
+        # McCormick planes of c_i * r, the one whose r-coefficient is the smaller end.
         first = l.abs() <= u.abs()
         k = torch.where(first, l, u)
-        dL = torch.where(first, rl, ru)
-        eL = -k * dL
-        dU = torch.where(first, ru, rl)
-        eU = -k * dU
+        dL, dU = torch.where(first, rl, ru), torch.where(first, ru, rl)
+        eL, eU = -k * dL, -k * dU
         errP_L = dL * M + k.abs() * ru + eL.abs()
         errP_U = dU * M + k.abs() * ru + eU.abs()
 
         # Groups with infinite bounds: constant lines from IBP.
-        bottom, top = self._ibp64(*self._ranges64(lo, hi))
-        zero = torch.zeros_like(l)
+        bottom, top = self._ibp64(c_bounds, v_bounds)
         keep = finite.expand_as(l)
 
-        def f32(x):
-            return x.to(torch.float32)
+        def elem(x):
+            return torch.where(keep, x, zero).to(torch.float32)
+
+        def group(x):
+            return torch.where(finite, x, torch.zeros_like(x)).to(torch.float32).squeeze(-1)
 
         lines = {
-            "dL": f32(torch.where(keep, dL, zero)), "kL": f32(torch.where(keep, k, zero)),
+            "dL": elem(dL), "kL": elem(k), "dU": elem(dU), "kU": elem(k),
             "eL": _round_down(torch.where(keep, eL - MARGIN * errP_L - TINY,
                                           bottom - RANGE_EPS * bottom.abs() - TINY)),
-            "dU": f32(torch.where(keep, dU, zero)), "kU": f32(torch.where(keep, k, zero)),
             "eU": _round_up(torch.where(keep, eU + MARGIN * errP_U + TINY,
                                         top + RANGE_EPS * top.abs() + TINY)),
-            "bL": f32(torch.where(keep, bL, zero)), "bU": f32(torch.where(keep, bU, zero)),
+            "sL": group(sL), "sU": group(sU),
             "aL": _round_down(torch.where(finite, aL - MARGIN * errL - TINY,
                                           torch.zeros_like(aL))).squeeze(-1),
             "aU": _round_up(torch.where(finite, aU + MARGIN * errU + TINY,
@@ -233,19 +262,18 @@ class Normalize(Op):
         return {name: t.unsqueeze(1) for name, t in lines.items()}
 
     def crown_backward(self, lA, uA, in_bounds, alpha=None):
-        lo, hi = in_bounds[0]
-        lines = self._lines(lo, hi)
+        lines = self._lines(*in_bounds)
         low = (lines["dL"], lines["kL"], lines["eL"])
         up = (lines["dU"], lines["kU"], lines["eU"])
-        r_low, r_up = (lines["aL"], lines["bL"]), (lines["aU"], lines["bU"])
-        lA_in, l_bias = self._side(lA, low, up, r_low, r_up)
+        r_low, r_up = (lines["aL"], lines["sL"]), (lines["aU"], lines["sU"])
+        lA_c, lA_v, l_bias = self._side(lA, low, up, r_low, r_up)
         if uA is None:
-            return [lA_in], [None], l_bias, None
-        uA_in, u_bias = self._side(uA, up, low, r_up, r_low)
-        return [lA_in], [uA_in], l_bias, u_bias
+            return [lA_c, lA_v], [None, None], l_bias, None
+        uA_c, uA_v, u_bias = self._side(uA, up, low, r_up, r_low)
+        return [lA_c, lA_v], [uA_c, uA_v], l_bias, u_bias
 
     def _side(self, A, on_pos, on_neg, r_pos, r_neg):
-        """A (B, S, *shape) -> (A over the input, bias (B, S)): positive coefficients take
+        """A (B, S, *shape) -> (A over c, A over v, bias (B, S)): positive coefficients take
         the plane `on_pos`, negative ones `on_neg` (the lower plane and the upper one on the
         lower side, the other way round on the upper side); each row's summed r-coefficient
         kappa (per group) takes the r-line `r_pos` where it is positive, `r_neg` where not."""
@@ -257,12 +285,13 @@ class Normalize(Op):
         kappa = contract.sum_last(pos * kp + neg * kn, self.order)          # (B, S, G)
         kpos = kappa.clamp(min=0)
         kneg = kappa - kpos
-        (ap, bp), (an, bn) = r_pos, r_neg
-        A_in = pos * dp + neg * dn + kpos.unsqueeze(-1) * bp + kneg.unsqueeze(-1) * bn
+        (ap, sp), (an, sn) = r_pos, r_neg
+        A_c = self._ungrouped(pos * dp + neg * dn, 2)
+        A_v = (kpos * sp + kneg * sn).reshape(B, S, *self.in_shapes[1])
         N = g.shape[2] * g.shape[3]
         e_pos = ep.expand(B, 1, *ep.shape[2:]).reshape(B, 1, N)
         e_neg = en.expand(B, 1, *en.shape[2:]).reshape(B, 1, N)
         bias = self._dot(pos.reshape(B, S, N), e_pos) + self._dot(neg.reshape(B, S, N), e_neg)
         bias = bias + self._dot(kpos, ap.expand(B, 1, ap.shape[-1])) \
             + self._dot(kneg, an.expand(B, 1, an.shape[-1]))
-        return self._ungrouped(A_in, 2), bias
+        return A_c, A_v, bias
