@@ -147,6 +147,7 @@ class InterceptRelaxation(ElementwiseRelaxation):
 
     tp_roles = ("elementwise",)
     has_alpha = True
+    interval_splittable = True  # its lines tighten on narrower intervals (GenBaB-style BaB)
     increasing = True           # nondecreasing: IBP is [f(l), f(u)]
     decreasing = False          # nonincreasing: [f(u), f(l)]; neither: `critical_points`
     # (start, stop, "convex" | "concave" | "linear") covering the real line, in order

@@ -1,5 +1,11 @@
 """Branch and bound by splitting relaxed neurons, for inputs too large to split (MNIST and the
-like). Every op that declares itself `splittable` (ReLU and the other kinks at 0) takes part.
+like). Every op that declares itself `splittable` (ReLU and the other kinks at 0) takes part by
+the sign of its input, and every op that declares itself `interval_splittable` (the smooth
+functions: sigmoid, tanh, gelu, exp, sin, ...) by its input interval (GenBaB-style, Shi et al.
+2024): a split of neuron z_j on [l, u] at the op's `split_point` p gives the children z_j <= p
+and z_j >= p, recorded as their intermediate bounds of z_j ([l, p] and [p, u]: the prior each
+domain carries, which `Network.intermediate_bounds` intersects in before any later node is
+bounded), so each child relaxes the op on its half. A neuron may be split again and again.
 
 A domain is the input box together with sign assumptions on some inexact neurons of
 splittable ops (active: the op's input >= 0, inactive: <= 0). Bounding a domain clamps the assumed neurons'
@@ -13,7 +19,9 @@ unresolved, never counted as proved.
 
 Branching (BaBSR-like): the unstable neuron with the largest |A| (summed over the spec rows
 still open) times its op's `branch_slack` (for a ReLU the intercept of its upper line,
--l u / (u - l)), i.e. the most slack the neuron's relaxation adds to the lower bound. Every open domain also proposes a
+-l u / (u - l)), i.e. the most slack the neuron's relaxation adds to the lower bound; for an
+interval split, |A| times the op's `interval_slack` (the gap between its upper and lower line
+at the split point), the two kinds ranked together. Every open domain also proposes a
 counterexample: per open spec row, the box vertex that minimises that row's linear lower
 bound (beta-CROWN's where it ran); the caller confirms it with a plain forward pass.
 
@@ -47,18 +55,22 @@ class ReluBabResult:
     reason: str = ""
 
 
-def _slack_scores(network, ops, split_A, known, open_rows) -> torch.Tensor:
-    """(b, total neurons) branching score; -1 for neurons that are not unstable. A tp rank
-    scores the neurons it holds; the scores are gathered so every rank branches alike."""
+def _slack_scores(network, ops, split_A, known, open_rows, n_sign: int) -> torch.Tensor:
+    """(b, total neurons) branching score; -1 for neurons that are not unstable (sign splits:
+    the first `n_sign` ops) or whose interval cannot be split (the others). A tp rank scores
+    the neurons it holds; the scores are gathered so every rank branches alike."""
     parts = []
-    for op in ops:
+    for i, op in enumerate(ops):
         lo, hi = known[op.inputs[0]]
         b = lo.shape[0]
-        slack = op.branch_slack(lo, hi).reshape(b, -1)
-        lo, hi = lo.reshape(b, -1), hi.reshape(b, -1)
+        if i < n_sign:
+            slack = op.branch_slack(lo, hi).reshape(b, -1)
+            unstable = ((lo < 0) & (hi > 0)).reshape(b, -1)
+        else:
+            slack = op.interval_slack(lo, hi).reshape(b, -1)
+            unstable = slack > 0
         A = split_A[op.name].reshape(b, open_rows.shape[1], -1)
         weight = (A.abs() * open_rows.unsqueeze(-1)).sum(dim=1)
-        unstable = (lo < 0) & (hi > 0)
         # A tiny share of the slack alone breaks ties among neurons the spec rows ignore.
         score = (weight + 1e-6) * slack
         score = torch.where(unstable, score, torch.full_like(score, -1.0))
@@ -74,6 +86,21 @@ def split_ops(network) -> list:
             seen.add(op.inputs[0])
             ops.append(op)
     return ops
+
+
+def interval_split_ops(network, taken=()) -> list:
+    """The interval-splittable ops, one per input node that no sign split covers."""
+    seen, ops = set(taken), []
+    for op in network.interval_splittable_nodes():
+        if op.inputs[0] not in seen:
+            seen.add(op.inputs[0])
+            ops.append(op)
+    return ops
+
+
+def can_split(network) -> bool:
+    """Whether this branch and bound has any neuron to split."""
+    return bool(network.splittable_nodes() or network.interval_splittable_nodes())
 
 
 def _flat_bounds(bounds, names, b) -> torch.Tensor:
@@ -99,6 +126,27 @@ def _optimise(network, ibp, known, lo, hi, C, splits, lb, which, iterations, sto
     return out, idx, (None if lA is None else lA.cpu())
 
 
+def _interval_children(ops, n_sign, offsets, local, ranges, kb, best, chosen):
+    """The two children's bounds (n, 2, local neurons) of domains whose bounds are `kb`: a
+    copy of kb where a domain is split by sign, and where it is split on an interval (`chosen`:
+    global neuron `best` of an interval-split op) [l, p] in the first child and [p, u] in the
+    second, p the op's split point. A tp rank changes only the neurons it holds."""
+    below, above = kb.clone(), kb.clone()
+    for i in range(n_sign, len(ops)):
+        start, stop, _ = ranges[i]
+        g = best - int(offsets[i])
+        mine = chosen & (g >= start) & (g < stop)
+        if not bool(mine.any()):
+            continue
+        rows = torch.nonzero(mine).reshape(-1)
+        at = int(local[i]) + (g[rows] - start)
+        lo, hi = kb[rows, 0, at], kb[rows, 1, at]
+        p = ops[i].split_point(lo, hi)
+        below[rows, 1, at] = p
+        above[rows, 0, at] = p
+    return below, above
+
+
 def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violation,
                batch: int = 32, progress=None, iterations: int = DEFAULT_ITERATIONS,
                root_prior=None, stop=None) -> ReluBabResult:
@@ -111,9 +159,12 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
     `agree`), asked before each round and inside beta-CROWN's optimisation."""
     if stop is None:
         stop = lambda: agree(time.monotonic() > deadline)          # noqa: E731
-    relus = split_ops(network)
+    signed = split_ops(network)
+    relus = signed + interval_split_ops(network, {r.inputs[0] for r in signed})
     if not relus:
-        return ReluBabResult("unknown", reason="no splittable op (ReLU or another kink) to split")
+        return ReluBabResult("unknown", reason="no splittable op (ReLU, another kink or a "
+                                               "smooth function) to split")
+    n_sign = len(signed)
     names = [r.inputs[0] for r in relus]
     # Assumptions cover every neuron (the same on every rank); bounds only the neurons this
     # rank holds (all of them except in tp zones): `ranges` places a rank's neurons.
@@ -125,7 +176,9 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
     Cd = C.to(dev)
     owner_t = torch.from_numpy(owner)
     lo_flat, hi_flat = lo.reshape(1, -1), hi.reshape(1, -1)
-    stack = torch.zeros(1, int(offsets[-1]), dtype=torch.int8)       # assumptions per domain
+    # Sign assumptions per domain, over the sign-split neurons (the first n_sign ops); the
+    # interval splits live in the domains' bounds.
+    stack = torch.zeros(1, int(offsets[n_sign]), dtype=torch.int8)
     bounds = None                       # (N, 2, local neurons): parents' intermediate bounds
     if root_prior is not None and all(name in root_prior for name in names):
         bounds = _flat_bounds(root_prior, names, 1)
@@ -151,7 +204,8 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         blo = lo_flat.expand(take, -1).reshape(shape).to(dev)
         bhi = hi_flat.expand(take, -1).reshape(shape).to(dev)
         splits = {name: dom[:, offsets[i] + ranges[i][0]:offsets[i] + ranges[i][1]]
-                  .reshape(take, *relus[i].shape).to(dev) for i, name in enumerate(names)}
+                  .reshape(take, *relus[i].shape).to(dev) for i, name in enumerate(names)
+                  if i < n_sign}
         with torch.no_grad():
             ibp, known = network.intermediate_bounds(blo, bhi, splits=splits, prior=prior)
             grab, split_A = {}, {}
@@ -189,7 +243,8 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
             if hit is not None:
                 return ReluBabResult("sat", x=verts[hit], domains=bounded,
                                      verified_fraction=verified)
-        scores = _slack_scores(network, relus, split_A, known, open_rows.to(dev).to(lb.dtype)).cpu()
+        scores = _slack_scores(network, relus, split_A, known, open_rows.to(dev).to(lb.dtype),
+                               n_sign).cpu()
         kb = _flat_bounds(known, names, take)
         scores, odom, odepth, okb = scores[open_], dom[open_], ddepth[open_], kb[open_]
         best = scores.argmax(dim=1)
@@ -201,12 +256,15 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         odom, best, odepth = odom[splittable], best[splittable], odepth[splittable]
         okb = okb[splittable]
         rows = torch.arange(len(best))
+        sign = best < int(offsets[n_sign])
         active, inactive = odom.clone(), odom.clone()
-        active[rows, best] = 1
-        inactive[rows, best] = -1
+        active[rows[sign], best[sign]] = 1
+        inactive[rows[sign], best[sign]] = -1
+        below, above = _interval_children(relus, n_sign, offsets, local, ranges, okb,
+                                          best, ~sign)
         stack = torch.cat([stack, inactive, active])
         depth = torch.cat([depth, odepth + 1, odepth + 1])
-        bounds = torch.cat([bounds if bounds is not None else okb[:0], okb, okb])
+        bounds = torch.cat([bounds if bounds is not None else okb[:0], below, above])
     if unresolved:
         return ReluBabResult("unknown", domains=bounded, verified_fraction=verified,
                              reason=f"{unresolved} domain(s) with every ReLU split unresolved")
