@@ -220,6 +220,27 @@ def test_kernel_infinite_and_point_boxes():
     assert bool(torch.isfinite(lb).all() and torch.isfinite(ub).all())
 
 
+def test_tp_zones_the_mlp_between_layer_norms(tmp_path):
+    """tp: in a transformer MLP block the column MatMul, Gelu and row MatMul form one zone;
+    the LayerNorms (centring, mean square, normalize) are replicated and their gamma / beta
+    fold into the column layer. (Bitwise single mode in fsdp and tp: tests/ops/test_gated.py's
+    multirank job runs this model.)"""
+    import onnx
+    import zoo
+    from shardbound.compiler.driver import inspect_model
+    from shardbound.passes.manager import PassOptions
+
+    model, _ = zoo.build("ln_mlp_block")
+    onnx.save(model, tmp_path / "m.onnx")
+    text = inspect_model(str(tmp_path / "m.onnx"), PassOptions(mode="tp", nproc=2))
+    roles = [(line.split("= ")[1].split("(")[0], line.split("tp=")[1].split()[0:2])
+             for line in text.splitlines()[1:] if "tp=" in line]
+    zone = [(k, r) for k, r in roles if r[0] == "zone0"]
+    assert [(k, r[1]) for k, r in zone] == [("linear", "column:"), ("gelu", "elementwise:"),
+                                            ("linear", "row:")], text
+    assert all(r[0] == "Replicate" for k, r in roles if k in ("normalize", "pow", "reduce_sum")), text
+
+
 def test_epsilon_must_be_positive():
     from shardbound.compiler.errors import ShardboundError
     from shardbound.compiler.driver import compile_model
