@@ -278,3 +278,37 @@ def test_interval_splitting_proves_what_crown_cannot_on_a_tanh_mlp(tmp_path):
     result = verify(load(str(tmp_path / "net")), spec_from_property(
         parse_vnnlib(str(tmp_path / "sat.vnnlib"))), 30, SingleComm())
     assert result.verdict == "sat"
+
+
+def test_interval_split_children_are_sound_on_their_halves(tmp_path):
+    """A split of a Tanh input z_j at its split point: each child's bounds (the parent's with
+    z_j's interval halved, as relu_split carries them) hold at every sampled point of the box
+    whose z_j lies in that half, and together the halves cover the parent's points."""
+    from shardbound.runtime.verification.relu_split import interval_split_ops
+
+    net = _load(tmp_path, _tanh_mlp(seed=2, sizes=(6, 10, 10, 2)))
+    lo, hi = torch.full((1, 6), -0.4), torch.full((1, 6), 0.4)
+    with torch.no_grad():
+        _, parent = net.intermediate_bounds(lo, hi)
+    op = interval_split_ops(net)[-1]                   # the deeper Tanh: its input is computed
+    z = op.inputs[0]
+    gen = torch.Generator().manual_seed(4)
+    x = sample_box(lo.reshape(-1), hi.reshape(-1), 20000, gen)
+    with torch.no_grad():
+        vals = _values(net, x)
+    j = int(op.interval_slack(*parent[z]).reshape(-1).argmax())
+    p = op.split_point(parent[z][0], parent[z][1]).reshape(-1)[j]
+    covered = torch.zeros(len(x), dtype=torch.bool)
+    for side in (0, 1):
+        prior = {k: (l.clone(), h.clone()) for k, (l, h) in parent.items()}
+        prior[z][1 - side].reshape(-1)[j] = p
+        with torch.no_grad():
+            ibp, known = net.intermediate_bounds(lo, hi, prior=prior)
+            lb, ub = net.final_crown(ibp, known, lo, hi)
+        zj = vals[z].reshape(len(x), -1)[:, j]
+        inside = zj <= p if side == 0 else zj >= p
+        covered |= inside
+        y = vals[net.output.name].reshape(len(x), -1)[inside]
+        slack = REL_TOL * (1 + torch.maximum(lb.abs(), ub.abs()))
+        assert len(y) > 100 and bool((y >= lb - slack).all() and (y <= ub + slack).all())
+    assert bool(covered.all())
