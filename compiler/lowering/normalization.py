@@ -34,11 +34,15 @@ def _sample_axes(x, axes) -> tuple[int, ...]:
     return tuple(sorted(a - lead for a in axes if a >= lead))
 
 
-def normalize(ctx, c, v, sample_axes, eps: float, out_tensor=None):
-    """c / sqrt(v), v = mean(c^2 over sample_axes) + eps (computed by the nodes before)."""
+def _check_eps(ctx, eps: float) -> None:
     if not eps > 0 or not math.isfinite(eps):
         raise ctx.error(f"epsilon is {eps}; it must be a positive number (var + epsilon "
                         "divides)")
+
+
+def normalize(ctx, c, v, sample_axes, eps: float, out_tensor=None):
+    """c / sqrt(v), v = mean(c^2 over sample_axes) + eps (computed by the nodes before)."""
+    _check_eps(ctx, eps)
     return ctx.emit("normalize", [c, v], out_tensor, attrs={"axes": tuple(sample_axes),
                                                               "eps": float(eps)})
 
@@ -49,7 +53,9 @@ def _scaled(ctx, x, scale: float, shift: float = 0.0, out_tensor=None):
         if out_tensor is not None:
             ctx.alias(out_tensor, x)
         return x
-    params = {"scale": np.full(x.shape, scale, np.float32)}
+    params = {}
+    if scale != 1.0:
+        params["scale"] = np.full(x.shape, scale, np.float32)
     if shift:
         params["shift"] = np.full(x.shape, shift, np.float32)
     return ctx.emit("affine", [x], out_tensor, params=params)
@@ -68,6 +74,7 @@ def lower_layer_normalization(ctx, node):
         raise ctx.error(f"axis {axis} is out of range for a rank-{rank} input")
     axis %= rank
     eps = float(np.float32(node.attrs.get("epsilon", 1e-5)))
+    _check_eps(ctx, eps)
     gamma = ctx.const(node.inputs[1], "scale")
     t = ctx.optional_input(node, 2)
     beta = None if t is None else ctx.const(t, "bias")
@@ -81,8 +88,6 @@ def lower_layer_normalization(ctx, node):
     c = ctx.emit("add", [x, spread], attrs={"coeffs": (1.0, -1.0)})
     square = ctx.emit("pow", [c], attrs={"exponent": 2.0})
     var = ctx.emit("reduce_sum", [square], attrs={"axes": axes, "mean": True})
-    if not eps > 0:
-        normalize(ctx, c, var, axes, eps)           # the one-line error
     n = normalize(ctx, c, _scaled(ctx, var, 1.0, eps), axes, eps)
     _affine(ctx, node.outputs[0], n, scale=gamma, shift=beta)
 

@@ -173,9 +173,7 @@ class Normalize(Op):
         bottom, top = self._box_ibp64(l, u, sq_lo, sq_hi)
         vl, vu = self._v_range64(sq_lo, sq_hi, v_bounds)
         rl, ru = (1 / torch.sqrt(vu)) * (1 - RANGE_EPS), (1 / torch.sqrt(vl)) * (1 + RANGE_EPS)
-        with torch.no_grad():
-            ends = torch.stack([l * rl, l * ru, u * rl, u * ru])
-        ends = torch.nan_to_num(ends, nan=0.0)
+        ends = torch.nan_to_num(torch.stack([l * rl, l * ru, u * rl, u * ru]), nan=0.0)
         finite = torch.isfinite(l) & torch.isfinite(u)
         bottom = torch.where(finite, torch.maximum(bottom, ends.amin(0)), bottom)
         top = torch.where(finite, torch.minimum(top, ends.amax(0)), top)
