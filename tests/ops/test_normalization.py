@@ -224,7 +224,7 @@ def test_tp_zones_the_mlp_between_layer_norms(tmp_path):
     """tp: in a transformer MLP block the column MatMul, Gelu and row MatMul form one zone;
     the LayerNorms (centring, mean square, normalize) are replicated and their gamma / beta
     fold into the column layer. (Bitwise single mode in fsdp and tp: tests/ops/test_gated.py's
-    multirank job runs this model.)"""
+    multirank job runs its Relu twin.)"""
     import onnx
     import zoo
     from shardbound.compiler.driver import inspect_model
