@@ -391,6 +391,28 @@ def tp_smooth_chain(rng, n_in=6, hidden=520, n_out=3):
 TP_ZOO.update({"tp_smooth_chain": tp_smooth_chain})
 
 
+# normalization family: LayerNormalization around a transformer MLP block
+def ln_mlp_block(rng, d=16, hidden=520, n_out=3, act="Gelu"):
+    """A transformer MLP block on one token: Gemm -> LayerNorm -> MatMul (520) -> Gelu ->
+    MatMul -> + residual -> LayerNorm (no bias) -> Gemm. tp zones the MLP (column, Gelu, row:
+    3 blocks of 256) and replicates the LayerNorms. In TP_ZOO, with its Relu twin
+    `ln_relu_block`, which tests/ops/test_gated.py runs in fsdp and tp with tp_smooth_chain
+    (the Gelu's alpha-CROWN over 520 channels cost 3.5x the Relu's in every rank of those
+    jobs; tp_smooth_chain already holds smooth zones)."""
+    b = Builder(rng, (d,), opset=20)
+    h = b.gemm("x", d, d)
+    n = b.op("LayerNormalization", [h, b.const(rng.uniform(0.5, 1.5, (d,))),
+                                    b.const(rng.normal(0, 0.3, (d,)))], axis=-1)
+    u = b.op(act, [b.op("MatMul", [n, b.const(b.weight(d, hidden))])])
+    s = b.op("Add", [h, b.op("MatMul", [u, b.const(b.weight(hidden, d))])])
+    n = b.op("LayerNormalization", [s, b.const(rng.uniform(0.5, 1.5, (d,)))], axis=-1)
+    return b.build(b.gemm(n, d, n_out)), b.input_shape
+
+
+TP_ZOO.update({"ln_mlp_block": ln_mlp_block,
+               "ln_relu_block": lambda rng: ln_mlp_block(rng, act="Relu")})
+
+
 # MaxPool and Pad (runtime/ops/pooling.py, runtime/ops/layout.py)
 def maxpool_cnn(rng):
     """Conv -> ReLU -> MaxPool (3x3, stride 2, pads 1: overlapping windows) -> Conv -> ReLU ->

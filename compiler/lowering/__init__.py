@@ -6,8 +6,8 @@ max_inclusive_version=opset).since_version`), so an op whose signature changed b
 (Squeeze's axes moved from an attribute to an input in opset 13) gets the right handler.
 Each op family lives in its own module, named as its kernels' module under runtime/ops/
 (linear, conv, pooling, activation, arithmetic, layout, smooth, exponential, periodic, gated,
-movement, reduction, constants); importing this package registers them all. Registering one
-(domain, op, version) twice is an error at import.
+movement, reduction, normalization, constants); importing this package registers them all.
+Registering one (domain, op, version) twice is an error at import.
 """
 
 from __future__ import annotations
@@ -119,4 +119,5 @@ def find_handler(op_type: str, opset: int, domain: str = "") -> Handler | None:
 # Register every op family (imported for their side effect on _REGISTRY).
 from shardbound.compiler.lowering import (activation, arithmetic, bilinear, constants, conv,  # noqa: E402,F401
                                            exponential, gated, layout, linear, movement,
-                                           periodic, pooling, reduction, smooth, softmax)
+                                           normalization, periodic, pooling, reduction,
+                                           smooth, softmax)

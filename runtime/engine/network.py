@@ -209,7 +209,7 @@ class Network:
         """The last backward pass, from the output through C (with alpha slopes if given).
         Pass a dict as `input_A` to receive the lower-side A-matrix at the input ("lA");
         with `lower_only` the upper bound is not computed (returned as None); a dict as
-        `split_A` receives the lower-side A-matrix reaching each splittable op (by its name:
+        `split_A` receives the lower-side A-matrix reaching each (interval-)splittable op (by its name:
         branching scores its neurons with it); `extra_A` maps nodes to lower-side terms
         (B, S_local, *shape) added to the A-matrix reaching them (beta-CROWN's split
         multipliers). Under row
@@ -253,6 +253,10 @@ class Network:
     def splittable_nodes(self) -> list[Op]:
         """Relaxed ops that branch and bound may split at 0 on their input."""
         return [n for n in self.nodes if n.relaxed and n.splittable]
+
+    def interval_splittable_nodes(self) -> list[Op]:
+        """Relaxed ops that branch and bound may split on their input interval."""
+        return [n for n in self.nodes if n.relaxed and n.interval_splittable]
 
     def inexact_mask(self, node: Op, bounds: Bounds) -> torch.Tensor:
         """Bool (B, *node.shape): where some relaxed consumer of `node` loses something with
@@ -430,10 +434,10 @@ class Network:
             alpha = alphas.get(n.name) if alphas else None
             if (isinstance(lA, Patches) or isinstance(uA, Patches)) and (
                     not n.accepts_patches or alpha is not None
-                    or (split_A is not None and n.splittable)):
+                    or (split_A is not None and (n.splittable or n.interval_splittable))):
                 lA, uA = (dense(lA),) * 2 if uA is lA else (dense(lA), dense(uA))
             in_bounds = [known.get(i) for i in n.inputs]
-            if split_A is not None and n.splittable:
+            if split_A is not None and (n.splittable or n.interval_splittable):
                 split_A[n.name] = lA
             self.ledger.where = n.name
             self._reserve_step(n, lA, uA)

@@ -4,8 +4,8 @@ system reads (runtime/ops/base.py) and, when nonlinear, its relaxation
 
 Families (each with a lowering module of the same name under compiler/lowering/): linear,
 conv, pooling, activation, arithmetic, layout, smooth, exponential, periodic, gated, movement,
-reduction. Shared machinery: base.py (Op, traits, registry), relaxation.py (the relaxation
-interface), intercepts.py (lines with computed intercepts, for the smooth functions),
+reduction, normalization. Shared machinery: base.py (Op, traits, registry), relaxation.py
+(the relaxation interface), intercepts.py (lines with computed intercepts, for the smooth functions),
 index_map.py (the index maps of the movement kernels). `OP_TYPES` maps IR op kinds to
 classes; the generated program names classes as `ops.<Class>`, which resolves any
 registered kernel (the module `__getattr__` below): a new family needs one import line here.
@@ -25,10 +25,11 @@ from shardbound.runtime.ops.pooling import MaxPool2d
 from shardbound.runtime.ops import bilinear, exponential, gated, periodic, softmax  # noqa: F401,E501
 from shardbound.runtime.ops.movement import Move, Resample
 from shardbound.runtime.ops.reduction import ReduceSum
+from shardbound.runtime.ops.normalization import Normalize
 
 __all__ = ["OP_TYPES", "Bounds", "NodeFacts", "Op", "register_op", "ElementwiseRelaxation",
            "Lines", "Input", "Pad", "Reshape", "Transpose", "Linear", "Conv2d", "Add", "Affine",
-           "Relu", "Sigmoid", "Tanh", "MaxPool2d", "Move", "Resample", "ReduceSum"]
+           "Relu", "Sigmoid", "Tanh", "MaxPool2d", "Move", "Resample", "ReduceSum", "Normalize"]
 
 
 def __getattr__(name: str):

@@ -25,6 +25,10 @@ Traits (defaults in `Op`):
   slice of it); `tp_roles_of(facts)` refines it per node, `tp_channels(facts, role)` says how
   many channels the node splits in that role.
 - `has_alpha`, `splittable`: optimisable and splittable relaxations (see `relaxation.py`).
+- `interval_splittable`: branch and bound may split the op's input interval at a point
+  inside it (`split_point(lo, hi)`), each child relaxing the op on its half
+  (`interval_slack(lo, hi)` scores the split); for smooth functions, whose relaxation tightens
+  with a narrower interval rather than becoming exact on a side of 0.
 - `pointwise_affine`: y = x * scale + shift elementwise (canonicalize merges these and folds
   them into the layers around them through `absorb_affine_after` / `absorb_affine_before`).
 - `accepts_patches`: the backward step takes (and gives) A-matrices in patches form (rows
@@ -97,6 +101,7 @@ class Op:
     tp_roles: tuple[str, ...] = ()
     has_alpha = False
     splittable = False
+    interval_splittable = False
     pointwise_affine = False
     accepts_patches = False         # the backward step takes A in patches form (patches.py)
     alpha_saved = (0.0, 0.25)       # autograd's saved A-sized tensors (alpha_model.py)

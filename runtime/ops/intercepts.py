@@ -149,6 +149,7 @@ class InterceptRelaxation(ElementwiseRelaxation):
     has_alpha = True
     alpha_saved = (10.6, 12.6)      # measured (sigmoid): the slope's range arithmetic
     alpha_per_element = 2           # both lines' slopes are optimised
+    interval_splittable = True  # its lines tighten on narrower intervals (GenBaB-style BaB)
     increasing = True           # nondecreasing: IBP is [f(l), f(u)]
     decreasing = False          # nonincreasing: [f(u), f(l)]; neither: `critical_points`
     # (start, stop, "convex" | "concave" | "linear") covering the real line, in order

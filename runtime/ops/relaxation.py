@@ -20,6 +20,11 @@ Splittable ops (`splittable`): branch and bound may split the op's input at 0 (x
 child, x <= 0 on the other), after which the op is linear on each child; `branch_slack(l, u)`
 scores how much relaxation slack a split removes.
 
+Interval-splittable ops (`interval_splittable`, GenBaB-style): branch and bound may split the
+op's input interval [l, u] at `split_point(l, u)` (the midpoint by default) into [l, p] and
+[p, u]; each child relaxes the op on its half. `interval_slack(l, u)` scores a split: the gap
+between the upper and the lower line at the midpoint (what the relaxation loses there).
+
 Lines that do not exist (log near 0, a reciprocal across 0: no finite line bounds f there) have
 infinite intercepts; a relaxation that may give them declares `infinite_lines`, and the CROWN
 step then counts them apart, with 0 * inf = 0 (`_dot_infinite`).
@@ -88,6 +93,24 @@ class ElementwiseRelaxation(Op):
         """>= 0 per element: the relaxation slack a split of the input at 0 removes (0 where
         the element is not split-worthy)."""
         raise NotImplementedError
+
+    # -- branch and bound on input intervals (used when interval_splittable) -------------------
+    def split_point(self, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        """Where to split [lo, hi] (same shape): the midpoint."""
+        return lo + (hi - lo) / 2
+
+    def interval_slack(self, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        """>= 0 per element (lo, hi: (B, *shape)): the gap between CROWN's upper and lower
+        line at the interval's midpoint; 0 where the interval is a point, infinite or too
+        narrow for its split point to lie strictly inside it."""
+        lines = self.relax(lo.unsqueeze(1), hi.unsqueeze(1))
+        mid = self.split_point(lo, hi)
+        zero = torch.zeros_like(lo)
+        gap = (lines.upper_slope - lines.lower_slope).squeeze(1) * mid + (
+            (zero if lines.upper_icpt is None else lines.upper_icpt.squeeze(1))
+            - (zero if lines.lower_icpt is None else lines.lower_icpt.squeeze(1)))
+        inside = torch.isfinite(lo) & torch.isfinite(hi) & (mid > lo) & (mid < hi)
+        return torch.where(inside & torch.isfinite(gap), gap.clamp(min=0), zero)
 
     # -- the generic CROWN step ------------------------------------------------------------------
     def crown_backward(self, lA, uA, in_bounds, alpha=None):

@@ -1,5 +1,11 @@
 """Branch and bound by splitting relaxed neurons, for inputs too large to split (MNIST and the
-like). Every op that declares itself `splittable` (ReLU and the other kinks at 0) takes part.
+like). Every op that declares itself `splittable` (ReLU and the other kinks at 0) takes part by
+the sign of its input, and every op that declares itself `interval_splittable` (the smooth
+functions: sigmoid, tanh, gelu, exp, sin, ...) by its input interval (GenBaB-style, Shi et al.
+2024): a split of neuron z_j on [l, u] at the op's `split_point` p gives the children z_j <= p
+and z_j >= p, recorded as their intermediate bounds of z_j ([l, p] and [p, u]: the prior each
+domain carries, which `Network.intermediate_bounds` intersects in before any later node is
+bounded), so each child relaxes the op on its half. A neuron may be split again and again.
 
 A domain is the input box together with sign assumptions on some inexact neurons of
 splittable ops (active: the op's input >= 0, inactive: <= 0). Bounding a domain clamps the assumed neurons'
@@ -13,7 +19,9 @@ unresolved, never counted as proved.
 
 Branching: filtered smart branching. BaBSR's score (the unstable neuron's |A|, summed over
 the spec rows still open, times its op's `branch_slack`: for a ReLU the intercept of its
-upper line, -l u / (u - l), the most slack its relaxation adds to the lower bound) proposes
+upper line, -l u / (u - l), the most slack its relaxation adds to the lower bound; for an
+interval split of a smooth function, |A| times the op's `interval_slack`, the gap between its
+upper and lower line at the split point, the two kinds ranked together) proposes
 FSB_CANDIDATES neurons; a one-step bound of both children (`_fsb_choice`) picks one. Every
 open domain also proposes counterexamples: per open spec row, the box vertex that minimises
 that row's linear lower bound (beta-CROWN's where it ran); the caller confirms them with a
@@ -64,18 +72,22 @@ class ReluBabResult:
     reason: str = ""
 
 
-def _slack_scores(network, ops, split_A, known, open_rows) -> torch.Tensor:
-    """(b, total neurons) branching score; -1 for neurons that are not unstable. A tp rank
-    scores the neurons it holds; the scores are gathered so every rank branches alike."""
+def _slack_scores(network, ops, split_A, known, open_rows, n_sign: int) -> torch.Tensor:
+    """(b, total neurons) branching score; -1 for neurons that are not unstable (sign splits:
+    the first `n_sign` ops) or whose interval cannot be split (the others). A tp rank scores
+    the neurons it holds; the scores are gathered so every rank branches alike."""
     parts = []
-    for op in ops:
+    for i, op in enumerate(ops):
         lo, hi = known[op.inputs[0]]
         b = lo.shape[0]
-        slack = op.branch_slack(lo, hi).reshape(b, -1)
-        lo, hi = lo.reshape(b, -1), hi.reshape(b, -1)
+        if i < n_sign:
+            slack = op.branch_slack(lo, hi).reshape(b, -1)
+            unstable = ((lo < 0) & (hi > 0)).reshape(b, -1)
+        else:
+            slack = op.interval_slack(lo, hi).reshape(b, -1)
+            unstable = slack > 0
         A = split_A[op.name].reshape(b, open_rows.shape[1], -1)
         weight = (A.abs() * open_rows.unsqueeze(-1)).sum(dim=1)
-        unstable = (lo < 0) & (hi > 0)
         # A tiny share of the slack alone breaks ties among neurons the spec rows ignore.
         score = (weight + 1e-6) * slack
         score = torch.where(unstable, score, torch.full_like(score, -1.0))
@@ -84,7 +96,7 @@ def _slack_scores(network, ops, split_A, known, open_rows) -> torch.Tensor:
 
 
 def _fsb_choice(network, relus, names, offsets, known, ibp, lo_flat, hi_flat, C, d, owner,
-                scores, which, k: int) -> torch.Tensor:
+                scores, which, k: int, n_sign: int) -> torch.Tensor:
     """Filtered smart branching: per domain in `which` (indices into the batch), BaBSR's top
     k neurons (`scores`, (len(which), total)), each judged by a one-step bound: the final
     CROWN pass on both children with the parent's intermediate bounds and the neuron's
@@ -111,8 +123,12 @@ def _fsb_choice(network, relus, names, offsets, known, ibp, lo_flat, hi_flat, C,
             continue
         r, j = rows[mine], glob[mine] - int(offsets[i])
         act = active[mine]
-        flat_lo[r, j] = torch.where(act, flat_lo[r, j].clamp(min=0), flat_lo[r, j])
-        flat_hi[r, j] = torch.where(act, flat_hi[r, j], flat_hi[r, j].clamp(max=0))
+        l_rj, h_rj = flat_lo[r, j], flat_hi[r, j]
+        # A sign split clamps at 0; an interval split (ops after the first n_sign) at the
+        # op's split point: [p, u] for the first child, [l, p] for the second.
+        p = torch.zeros_like(l_rj) if i < n_sign else relus[i].split_point(l_rj, h_rj)
+        flat_lo[r, j] = torch.where(act, torch.maximum(l_rj, p), l_rj)
+        flat_hi[r, j] = torch.where(act, h_rj, torch.minimum(h_rj, p))
     out = network.output.name
     child_ibp = {out: (ibp[out][0].index_select(0, parent), ibp[out][1].index_select(0, parent))}
     shape = (m, *network.input_shape)
@@ -171,6 +187,21 @@ def split_ops(network) -> list:
             seen.add(op.inputs[0])
             ops.append(op)
     return ops
+
+
+def interval_split_ops(network, taken=()) -> list:
+    """The interval-splittable ops, one per input node that no sign split covers."""
+    seen, ops = set(taken), []
+    for op in network.interval_splittable_nodes():
+        if op.inputs[0] not in seen:
+            seen.add(op.inputs[0])
+            ops.append(op)
+    return ops
+
+
+def can_split(network) -> bool:
+    """Whether this branch and bound has any neuron to split."""
+    return bool(network.splittable_nodes() or network.interval_splittable_nodes())
 
 
 def _flat_bounds(bounds, names, b) -> torch.Tensor:
@@ -288,6 +319,27 @@ def _proof_out_of_reach(verified: float, since: tuple[float, float], deadline: f
     return verified + rate * (deadline - now) < 1.0
 
 
+def _interval_children(ops, n_sign, offsets, local, ranges, kb, best, chosen):
+    """The two children's bounds (n, 2, local neurons) of domains whose bounds are `kb`: a
+    copy of kb where a domain is split by sign, and where it is split on an interval (`chosen`:
+    global neuron `best` of an interval-split op) [l, p] in the first child and [p, u] in the
+    second, p the op's split point. A tp rank changes only the neurons it holds."""
+    below, above = kb.clone(), kb.clone()
+    for i in range(n_sign, len(ops)):
+        start, stop, _ = ranges[i]
+        g = best - int(offsets[i])
+        mine = chosen & (g >= start) & (g < stop)
+        if not bool(mine.any()):
+            continue
+        rows = torch.nonzero(mine).reshape(-1)
+        at = int(local[i]) + (g[rows] - start)
+        lo, hi = kb[rows, 0, at], kb[rows, 1, at]
+        p = ops[i].split_point(lo, hi)
+        below[rows, 1, at] = p
+        above[rows, 0, at] = p
+    return below, above
+
+
 def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violation,
                batch: int | None = None, progress=None, iterations: int = DEFAULT_ITERATIONS,
                root_prior=None, stop=None, certify=None, attack_domains: int = ATTACK_DOMAINS,
@@ -316,9 +368,12 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         stop = lambda: agree(time.monotonic() > deadline)          # noqa: E731
     if batch is None:       # the same on every rank: the smallest rank's figure
         batch = batch_for_memory(network, C.shape[0], memory_figure(network), agree)
-    relus = split_ops(network)
+    signed = split_ops(network)
+    relus = signed + interval_split_ops(network, {r.inputs[0] for r in signed})
     if not relus:
-        return ReluBabResult("unknown", reason="no splittable op (ReLU or another kink) to split")
+        return ReluBabResult("unknown", reason="no splittable op (ReLU, another kink or a "
+                                               "smooth function) to split")
+    n_sign = len(signed)
     names = [r.inputs[0] for r in relus]
     # Assumptions cover every neuron (the same on every rank); bounds only the neurons this
     # rank holds (all of them except in tp zones): `ranges` places a rank's neurons.
@@ -330,7 +385,9 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
     Cd = C.to(dev)
     owner_t = torch.from_numpy(owner)
     lo_flat, hi_flat = lo.reshape(1, -1), hi.reshape(1, -1)
-    stack = torch.zeros(1, int(offsets[-1]), dtype=torch.int8)       # assumptions per domain
+    # Sign assumptions per domain, over the sign-split neurons (the first n_sign ops); the
+    # interval splits live in the domains' bounds.
+    stack = torch.zeros(1, int(offsets[n_sign]), dtype=torch.int8)
     bounds = None                       # (N, 2, local neurons): parents' intermediate bounds
     if root_prior is not None and all(name in root_prior for name in names):
         bounds = _flat_bounds(root_prior, names, 1)
@@ -374,7 +431,8 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         blo = lo_flat.expand(take, -1).reshape(shape).to(dev)
         bhi = hi_flat.expand(take, -1).reshape(shape).to(dev)
         splits = {name: dom[:, offsets[i] + ranges[i][0]:offsets[i] + ranges[i][1]]
-                  .reshape(take, *relus[i].shape).to(dev) for i, name in enumerate(names)}
+                  .reshape(take, *relus[i].shape).to(dev) for i, name in enumerate(names)
+                  if i < n_sign}
         with torch.no_grad():
             ibp, known = network.intermediate_bounds(blo, bhi, splits=splits, prior=prior)
             grab, split_A = {}, {}
@@ -446,7 +504,8 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         if final:
             dropped += len(worst)       # attacked, not refined: the budget is nearly spent
             continue
-        scores = _slack_scores(network, relus, split_A, known, open_rows.to(dev).to(lb.dtype)).cpu()
+        scores = _slack_scores(network, relus, split_A, known, open_rows.to(dev).to(lb.dtype),
+                               n_sign).cpu()
         kb = _flat_bounds(known, names, take)
         scores, odom, odepth, okb = scores[open_], dom[open_], ddepth[open_], kb[open_]
         oclose = close[open_]
@@ -466,7 +525,7 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
             chunk = max(1, batch // fsb)        # 2 * chunk * fsb children per CROWN call
             best[fsb_rows] = torch.cat([
                 _fsb_choice(network, relus, names, offsets, known, ibp, lo_flat, hi_flat, Cd,
-                            d, owner, sub_scores[i:i + chunk], which[i:i + chunk], fsb)
+                            d, owner, sub_scores[i:i + chunk], which[i:i + chunk], fsb, n_sign)
                 for i in range(0, len(which), chunk)])
         if not bool(splittable.all()):
             # No unstable neuron left and still open (beta-CROWN's fixed iterations did not
@@ -475,9 +534,12 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         odom, best, odepth = odom[splittable], best[splittable], odepth[splittable]
         okb, oclose = okb[splittable], oclose[splittable]
         rows = torch.arange(len(best))
+        sign = best < int(offsets[n_sign])
         active, inactive = odom.clone(), odom.clone()
-        active[rows, best] = 1
-        inactive[rows, best] = -1
+        active[rows[sign], best[sign]] = 1
+        inactive[rows[sign], best[sign]] = -1
+        below, above = _interval_children(relus, n_sign, offsets, local, ranges, okb,
+                                          best, ~sign)
         stack = torch.cat([stack, inactive, active])
         depth = torch.cat([depth, odepth + 1, odepth + 1])
         key = torch.cat([key, oclose, oclose])
@@ -489,7 +551,7 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
             warm, has = torch.cat([warm, ow, ow]), torch.cat([has, oh, oh])
         else:
             warm, has = torch.zeros(len(stack), 0), torch.zeros(len(stack), dtype=torch.bool)
-        bounds = torch.cat([bounds if bounds is not None else okb[:0], okb, okb])
+        bounds = torch.cat([bounds if bounds is not None else okb[:0], below, above])
     if dropped:
         return ReluBabResult("timeout", domains=bounded, verified_fraction=verified,
                              reason="the final falsification pass found no counterexample")

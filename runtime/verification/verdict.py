@@ -26,7 +26,7 @@ from shardbound.runtime.verification.attack import pgd
 from shardbound.runtime.verification.budget import Budget, BudgetExhausted
 from shardbound.runtime.verification.input_split import input_split, refuted_conjunctions
 from shardbound.runtime.engine.intermediate_alpha import optimise_intermediate_bounds
-from shardbound.runtime.verification.relu_split import relu_split
+from shardbound.runtime.verification.relu_split import can_split, relu_split
 from shardbound.runtime.verification.stages import StageLog
 from shardbound.runtime.verification.spec import Spec, SpecCase, inside_box, outward_box, violated_conjunctions
 
@@ -234,7 +234,7 @@ class _CaseRunner:
                 restarts=32, steps=150, seed=1, stop=budget, forward64=self.forward64)
         if x is not None and (cex := self.confirm(x)) is not None:
             return "sat", cex
-        if self.net.splittable_nodes():
+        if can_split(self.net):
             budget.check()
             self.start("relu-split")
             planned = getattr(self.net, "bab_batch", None)      # --memory-budget's plan

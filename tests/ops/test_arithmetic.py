@@ -39,6 +39,22 @@ def _batchnorm(b, x, shape):
     return y, shape
 
 
+def _unfoldable_batchnorm(after):
+    """BatchNorm between nonlinear ops, where canonicalize cannot fold it into a layer:
+    Relu -> BN -> Relu, or (x + Relu(Conv x)) -> BN -> Relu (after an Add of two computed
+    tensors). It stays a pointwise `affine` node."""
+    def apply(b, x, shape):
+        c = shape[1]
+        if after == "relu":
+            h = b.relu(x)
+        else:
+            w = b.const(b.weight(c, c, 3, 3))
+            h = b.op("Add", [x, b.relu(b.op("Conv", [x, w], pads=[1, 1, 1, 1]))])
+        y, _ = _batchnorm(b, h, shape)
+        return b.relu(y), shape
+    return apply
+
+
 def _net(apply):
     return lambda rng, o: sandwich(rng, o, (6,), apply)
 
@@ -55,6 +71,12 @@ CASES = [
     OpCase("batchnorm", "BatchNormalization",
            lambda rng, o: conv_net(rng, o, (2, 5, 5), _batchnorm), opsets=(9, 15),
            reference=False),     # onnx 1.23's reference BatchNormalization disagrees with the spec
+    OpCase("batchnorm_after_relu", "BatchNormalization",
+           lambda rng, o: conv_net(rng, o, (2, 3, 3), _unfoldable_batchnorm("relu")),
+           opsets=(15,), reference=False, boxes=("kinks",)),
+    OpCase("batchnorm_after_add", "BatchNormalization",
+           lambda rng, o: conv_net(rng, o, (2, 3, 3), _unfoldable_batchnorm("add")),
+           opsets=(15,), reference=False, boxes=("wide",)),
 ]
 
 
@@ -123,3 +145,19 @@ CASES += [
 ]
 
 generate(CASES, globals())
+
+
+def test_unfoldable_batchnorm_stays_a_pointwise_affine():
+    """After a ReLU or an Add of two computed tensors (and before a ReLU) a BatchNorm has no
+    layer to fold into: it is one `affine` node between them, in every use."""
+    from harness import compiled
+
+    for case in CASES:
+        if not case.name.startswith("batchnorm_after"):
+            continue
+        net = compiled(case, case.opsets[0])[0].network
+        kinds = {n.name: n.kind for n in net.nodes}
+        found = [n for n in net.nodes if n.kind == "affine"
+                 and kinds[n.inputs[0]] in ("relu", "add")]
+        assert len(found) == 2, (case.name, [(n.kind, n.inputs) for n in net.nodes])
+        assert all(n.params["scale"].shape[0] == n.shape[0] for n in found)
