@@ -69,6 +69,8 @@ class Network:
         # -> spec rows of the final pass. Zone nodes (tp) count this rank's neurons.
         self.crown_rows: dict[str, int] = {}
         self.bounded_rows: dict[str, int] = {}  # rows each pass started with (memory model)
+        # Full alpha-CROWN's start nodes -> neurons whose rows carry alphas (the memory model)
+        self.alpha_rows: dict[str, int] = {}
         self.budget = None              # verify: a time budget checked per CROWN-bounded node
         # Sparse rows chosen under IBP recomputed from the CROWN-tightened bounds of earlier
         # nodes (fewer rows, as auto_LiRPA does; bounds equal or tighter on most models, but
@@ -502,9 +504,9 @@ class Network:
         if method == "crown":
             return self.crown(lower, upper, C)
         if method == "alpha-crown":
-            from shardbound.runtime.engine.alpha import alpha_crown
+            from shardbound.runtime.engine.full_alpha import full_alpha_crown
 
-            return alpha_crown(self, lower, upper, C)
+            return full_alpha_crown(self, lower, upper, C)[:2]
         raise ShardboundError(f"unknown bound method {method!r}; choose one of {', '.join(METHODS)}")
 
 
