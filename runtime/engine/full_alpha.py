@@ -172,6 +172,15 @@ def _merged(network, s: StartNode, base):
 
 def root_bounds(network, lower, upper, C, cache, stop=None):
     """What `verify` runs once per input box after CROWN: (lower bounds (B, S) by full
-    alpha-CROWN, the tightened intermediate bounds: branch and bound's root prior)."""
+    alpha-CROWN, the tightened intermediate bounds: branch and bound's root prior). In tp
+    (no intermediate start nodes) the intermediate bounds are first tightened node by node
+    (runtime/engine/intermediate_alpha.py), then alpha-CROWN of the final pass runs on them."""
+    if getattr(network, "tp", None) is not None:
+        from shardbound.runtime.engine.alpha import alpha_crown
+        from shardbound.runtime.engine.intermediate_alpha import optimise_intermediate_bounds
+
+        known = optimise_intermediate_bounds(network, lower, upper, cache[1], stop=stop)
+        lb, _ = alpha_crown(network, lower, upper, C, cache=(cache[0], known), stop=stop)
+        return lb, known
     lb, _, known = full_alpha_crown(network, lower, upper, C, cache=cache, stop=stop)
     return lb, known
