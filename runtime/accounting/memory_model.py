@@ -69,14 +69,18 @@ def _starts_at_inputs(node: NodeShape, world: int, streamed: bool, chunk: int) -
 def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1,
                  spec_rows: int | None = None, shard_rows: bool | None = None,
                  method: str = "crown", stream_chunk_bytes: int | None = None,
-                 crown_rows: dict | None = None) -> dict:
+                 crown_rows: dict | None = None, alpha_rows: dict | None = None) -> dict:
     """Predicted per-rank bytes: resident parameters, and the tracked peak of a run of
     `method` ("ibp" or "crown"). `shard_rows` None means single mode (whole parameters);
     False or True means fsdp without or with work sharding of the CROWN rows (the orders that
     shard rows also stream large linear weights in blocks of `stream_chunk_bytes`).
     `crown_rows` (a run's `Network.bounded_rows`): how many neurons of each planned node CROWN
     bounded; without it every neuron is assumed to be (the most a run can take: the compiler's
-    memory_plan pass predicts before any box is known).
+    memory_plan pass predicts before any box is known). For "alpha-crown" (full alpha-CROWN:
+    runtime/engine/full_alpha.py) `alpha_rows` (a run's `Network.alpha_rows`) gives each
+    intermediate start node's neurons with alphas; the peak is CROWN's or the optimisation's
+    (`_alpha_phase_peak`), whichever is larger (CROWN's alone when `alpha_rows` is None: no
+    optimisation ran).
 
     Replaying every backward pass costs the sum of their lengths: quadratic in depth (a chain
     of 20,000 ReLUs took minutes to compile). Only the largest peak is wanted, so each pass
@@ -116,7 +120,55 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
         starts = (world, streamed, stream_chunk_bytes or 0)
         peak = max(peak, resident + held + _backward_peak(nodes, index, gathered, target, S, eye,
                                                           batch, starts))
+    if method == "alpha-crown" and alpha_rows is not None:
+        final_rows = rows(spec_rows or math.prod(nodes[index[output]].shape))
+        peak = max(peak, resident + passes[-1][3] + _alpha_phase_peak(
+            nodes, index, output, batch, rows, final_rows, alpha_rows, gathered))
     return {"resident_param_bytes": resident, "peak_tracked_bytes": peak}
+
+
+# What the autograd graph of one alpha pass saves, in tensors of (batch, rows, op input) per
+# optimisable op, measured on the ReLU kernels (runtime/ops/activation.py): the first such op
+# of the pass (its incoming A-matrix is a constant) keeps two, every later one four (its
+# A-matrix depends on earlier alphas); the input A-matrix is kept for the box terms.
+SAVED_FIRST, SAVED_LATER = 2, 4
+
+
+def _alpha_phase_peak(nodes, index, output: str, batch: int, rows, final_rows: int,
+                      alpha_rows: dict, gathered: list) -> int:
+    """Bytes on top of resident parameters and held bounds while full alpha-CROWN optimises:
+    every start node's alphas with Adam's two moments, plus the largest pass's autograd graph
+    at its last step (the op on the input: its gathered parameters, its A-matrices in and out)
+    or at the box terms (the input A-matrix, then saved too); each pass's graph is freed by
+    its own backward. `rows(n)` is this rank's share of n rows."""
+    ancestors: dict[str, set] = {}
+    for node in nodes:
+        seen = set()
+        for i in node.inputs:
+            seen |= ancestors[i] | {i}
+        ancestors[node.name] = seen
+    optimisable = [n for n in nodes if n.traits.relaxed and n.traits.has_alpha]
+    input_numel = math.prod(nodes[0].shape)
+    first = next((j for j, n in enumerate(nodes) if nodes[0].name in n.inputs), 0)
+    first_out = math.prod(nodes[first].shape)
+
+    def before(name):
+        return [r for r in optimisable if r.name in ancestors[name]]
+
+    starts = [(2 * rows(k), before(name)) for name, k in alpha_rows.items() if k]
+    starts.append((final_rows, before(output)))
+    alpha = 0
+    worst = 0
+    for R, ops in starts:
+        if not ops:
+            continue
+        sizes = [math.prod(nodes[index[r.inputs[0]]].shape) for r in ops]
+        alpha += 3 * batch * R * sum(sizes) * F32
+        saved = SAVED_FIRST * sizes[-1] + SAVED_LATER * sum(sizes[:-1])
+        last_step = batch * R * (saved + first_out + input_numel) * F32 + gathered[first]
+        box_terms = batch * R * (saved + 2 * input_numel) * F32
+        worst = max(worst, last_step, box_terms)
+    return alpha + worst if alpha else 0
 
 
 def _passes(nodes, index, batch: int, rows, ibp_bytes: int, output: str, spec_rows,

@@ -65,6 +65,7 @@ def full_alpha_crown(network, lower: torch.Tensor, upper: torch.Tensor, C=None,
     intermediate bounds it tightened (a copy of the planned ones, each at least as tight).
     `cache` may hold (ibp, known) from an earlier intermediate pass on the same boxes;
     `stop()` ends the optimisation early (a time budget: see `optimise.maximise`)."""
+    network.alpha_rows = None               # set below when the optimisation runs
     with torch.no_grad():
         ibp, known = cache if cache is not None else network.intermediate_bounds(lower, upper)
         lb_all, ub_all = network.final_crown(ibp, known, lower, upper, C)

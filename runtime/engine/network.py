@@ -69,8 +69,9 @@ class Network:
         # -> spec rows of the final pass. Zone nodes (tp) count this rank's neurons.
         self.crown_rows: dict[str, int] = {}
         self.bounded_rows: dict[str, int] = {}  # rows each pass started with (memory model)
-        # Full alpha-CROWN's start nodes -> neurons whose rows carry alphas (the memory model)
-        self.alpha_rows: dict[str, int] = {}
+        # Full alpha-CROWN's start nodes -> neurons whose rows carry alphas (the memory
+        # model); None when the last run optimised nothing
+        self.alpha_rows: dict[str, int] | None = None
         self.budget = None              # verify: a time budget checked per CROWN-bounded node
         # Sparse rows chosen under IBP recomputed from the CROWN-tightened bounds of earlier
         # nodes (fewer rows, as auto_LiRPA does; bounds equal or tighter on most models, but

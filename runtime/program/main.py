@@ -175,11 +175,11 @@ def _run_rank(directory: str, args) -> int:
 
 
 def predicted_peak(verifier, comm, method: str, lb) -> int | None:
-    """The memory model's prediction for this very run (None for alpha-CROWN: not modelled)."""
+    """The memory model's prediction for this very run (None in tp: not modelled)."""
     from shardbound.runtime.program.loader import stream_chunk_bytes
     from shardbound.runtime.accounting.memory_model import network_shapes, predict_peak
 
-    if method not in ("ibp", "crown") or verifier.plan["mode"] == "tp":
+    if method not in ("ibp", "crown", "alpha-crown") or verifier.plan["mode"] == "tp":
         return None                     # tp: not modelled (bench/tp_memory.py measures it)
     net = verifier.network
     fsdp = verifier.plan["mode"] == "fsdp"
@@ -187,7 +187,7 @@ def predicted_peak(verifier, comm, method: str, lb) -> int | None:
                         batch=lb.shape[0] if lb.dim() > 1 else 1, spec_rows=lb.shape[-1],
                         shard_rows=net.rows.enabled if fsdp else None, method=method,
                         stream_chunk_bytes=stream_chunk_bytes(verifier.plan),
-                        crown_rows=net.bounded_rows)
+                        crown_rows=net.bounded_rows, alpha_rows=net.alpha_rows)
     return pred["peak_tracked_bytes"]
 
 
