@@ -121,9 +121,13 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
         peak = max(peak, resident + held + _backward_peak(nodes, index, gathered, target, S, eye,
                                                           batch, starts))
     if method == "alpha-crown" and alpha_rows is not None:
+        # Differentiated backward products stream every sharded matrix, P = 1 included
+        # (runtime/ops/linear.py): blocks of it are gathered.
+        alpha_gathered = [_gathered_bytes(node, True, True, stream_chunk_bytes or 0) if fsdp
+                          else 0 for node in nodes]
         final_rows = rows(spec_rows or math.prod(nodes[index[output]].shape))
         peak = max(peak, resident + passes[-1][3] + _alpha_phase_peak(
-            nodes, index, output, batch, rows, final_rows, alpha_rows, gathered))
+            nodes, index, output, batch, rows, final_rows, alpha_rows, alpha_gathered))
     return {"resident_param_bytes": resident, "peak_tracked_bytes": peak}
 
 
@@ -137,37 +141,47 @@ SAVED_FIRST, SAVED_LATER = 2, 4
 def _alpha_phase_peak(nodes, index, output: str, batch: int, rows, final_rows: int,
                       alpha_rows: dict, gathered: list) -> int:
     """Bytes on top of resident parameters and held bounds while full alpha-CROWN optimises:
-    every start node's alphas with Adam's two moments, plus the largest pass's autograd graph
-    at its last step (the op on the input: its gathered parameters, its A-matrices in and out)
-    or at the box terms (the input A-matrix, then saved too); each pass's graph is freed by
-    its own backward. `rows(n)` is this rank's share of n rows."""
+    every start node's alphas with Adam's two moments, plus the largest of one pass's
+    steps: what its autograd graph saved so far, the step's A-matrices in and out and its
+    gathered parameters; then the box terms (the input A-matrix, saved too). Each pass's
+    graph is freed by its own backward. `rows(n)` is this rank's share of n rows."""
     ancestors: dict[str, set] = {}
     for node in nodes:
         seen = set()
         for i in node.inputs:
             seen |= ancestors[i] | {i}
         ancestors[node.name] = seen
-    optimisable = [n for n in nodes if n.traits.relaxed and n.traits.has_alpha]
+
+    def numel(name):
+        return math.prod(nodes[index[name]].shape)
+
     input_numel = math.prod(nodes[0].shape)
-    first = next((j for j, n in enumerate(nodes) if nodes[0].name in n.inputs), 0)
-    first_out = math.prod(nodes[first].shape)
-
-    def before(name):
-        return [r for r in optimisable if r.name in ancestors[name]]
-
-    starts = [(2 * rows(k), before(name)) for name, k in alpha_rows.items() if k]
-    starts.append((final_rows, before(output)))
-    alpha = 0
-    worst = 0
-    for R, ops in starts:
+    starts = [(2 * rows(k), name) for name, k in alpha_rows.items() if k]
+    starts.append((final_rows, output))
+    alpha, worst = 0, 0
+    for R, name in starts:
+        path = [j for j in range(index[name], 0, -1)
+                if nodes[j].name in ancestors[name] | {name}]      # backward order
+        ops = [j for j in path if nodes[j].traits.relaxed and nodes[j].traits.has_alpha]
         if not ops:
             continue
-        sizes = [math.prod(nodes[index[r.inputs[0]]].shape) for r in ops]
-        alpha += 3 * batch * R * sum(sizes) * F32
-        saved = SAVED_FIRST * sizes[-1] + SAVED_LATER * sum(sizes[:-1])
-        last_step = batch * R * (saved + first_out + input_numel) * F32 + gathered[first]
-        box_terms = batch * R * (saved + 2 * input_numel) * F32
-        worst = max(worst, last_step, box_terms)
+        alpha += 3 * batch * R * sum(numel(nodes[j].inputs[0]) for j in ops) * F32
+        saved, later, peak = 0, False, 0
+        for j in path:
+            node = nodes[j]
+            ins = sum(numel(i) for i in node.inputs)
+            if j in ops:
+                # masks (a byte each) and, past the first op, two lines of floats
+                saved += (batch * R * ins * (SAVED_LATER if later else SAVED_FIRST) * F32
+                          + batch * ins * (1 + (2 * F32 if later else 0)))
+                later = True
+                continue
+            if not node.traits.relaxed:     # the bias terms keep the non-weight parameters
+                saved += (sum(node.param_numels) - math.prod(node.weight_shape or (0,))) * F32
+            peak = max(peak, saved + batch * R * (numel(node.name) + ins) * F32 + gathered[j])
+        # the box terms: the input A-matrix (and its saved copy), the box's center and radius
+        peak = max(peak, saved + batch * (R * 2 * input_numel * F32 + 2 * F32 * input_numel + R))
+        worst = max(worst, peak)
     return alpha + worst if alpha else 0
 
 

@@ -66,8 +66,7 @@ class Linear(Op):
             return None
         if getattr(p, "streams", False):
             return p
-        if (grad and not isinstance(p, torch.Tensor) and len(p.shape) == 2
-                and getattr(getattr(p, "comm", None), "world", 1) > 1):
+        if grad and not isinstance(p, torch.Tensor) and len(p.shape) == 2:
             return p
         return None
 
