@@ -21,8 +21,10 @@ worker of its own (glibc's mmap threshold fixed at 128 KiB so freed tensors leav
 peak RSS (VmHWM, reset through /proc/self/clear_refs after a warm-up bound) minus the RSS
 then (weights, caches made by the warm-up such as shardbound's transposed weights, the
 interpreter and one-time lazy set-up are not counted; the bound's own temporaries are). alpha-CROWN: 20 iterations in
-both tools; auto_LiRPA bounds the lower side only (its upper side would be a second
-optimisation), shardbound's upper side is plain CROWN. shardbound's CROWN rows per node (how
+both tools, full alpha-CROWN in both (alphas per relaxed op and start node, intermediate bounds
+optimised; shardbound: runtime/engine/full_alpha.py); auto_LiRPA bounds the lower side only
+(its upper side would be a second optimisation), shardbound's upper side is CROWN on the
+tightened intermediate bounds. shardbound's CROWN rows per node (how
 many neurons each intermediate backward pass bounded) are printed under the table.
 
 auto_LiRPA is not a dependency: give a checkout with `--lirpa PATH` (see
