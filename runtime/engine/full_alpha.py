@@ -74,8 +74,8 @@ def full_alpha_crown(network, lower: torch.Tensor, upper: torch.Tensor, C=None,
     if getattr(network, "tp", None) is not None:
         from shardbound.runtime.engine.alpha import alpha_crown
 
-        lb, ub = alpha_crown(network, lower, upper, C, iterations, lr, cache=(ibp, known),
-                             stop=stop)
+        lb, ub = alpha_crown(network, lower, upper, C, iterations, cache=(ibp, known),
+                             stop=stop)         # its own learning rate: tp's bits as before
         return lb, ub, dict(known)
     if not network.optimisable_nodes() or not network.any_inexact(known):
         return lb_all, ub_all, dict(known)

@@ -508,6 +508,10 @@ class Network:
             from shardbound.runtime.engine.full_alpha import full_alpha_crown
 
             return full_alpha_crown(self, lower, upper, C)[:2]
+        if method == "alpha-crown-final":   # internal (tests): the final pass's alphas only
+            from shardbound.runtime.engine.alpha import alpha_crown
+
+            return alpha_crown(self, lower, upper, C)
         raise ShardboundError(f"unknown bound method {method!r}; choose one of {', '.join(METHODS)}")
 
 
