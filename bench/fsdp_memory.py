@@ -3,7 +3,7 @@
 Usage:
     python bench/fsdp_memory.py [--widths 784-4096-4096-4096-10]
                                 [--alpha-widths 784-512-512-512-10]
-                                [--nprocs 1,2,4] [--methods crown,alpha-crown]
+                                [--nprocs 1,2,4] [--methods crown,alpha-crown,full-alpha-crown]
                                 [--cnn-methods crown] [--models mlp,cnn] [--seed 0] [--eps 0.01]
 
 Two networks are built in code with onnx.helper (weights fixed by --seed):
@@ -313,9 +313,9 @@ def main(argv=None) -> None:
                         help="MLP widths of the alpha-CROWN table (default 784-512-512-512-10;"
                              " full alpha-CROWN's work grows with width squared per layer)")
     parser.add_argument("--nprocs", default="1,2,4", help="fsdp world sizes (default 1,2,4)")
-    parser.add_argument("--methods", default="crown,alpha-crown",
-                        help="methods for the MLP: comma list of ibp, crown, alpha-crown "
-                             "(default crown,alpha-crown)")
+    parser.add_argument("--methods", default="crown,alpha-crown,full-alpha-crown",
+                        help="methods for the MLP: comma list of ibp, crown, alpha-crown, full-alpha-crown "
+                             "(default crown,alpha-crown,full-alpha-crown)")
     parser.add_argument("--cnn-methods", default="crown",
                         help="methods for the CNN (default crown)")
     parser.add_argument("--models", default="mlp,cnn", help="comma list of mlp, cnn")
@@ -333,7 +333,7 @@ def main(argv=None) -> None:
     def methods(text):
         out = [m.strip() for m in text.split(",") if m.strip()]
         for m in out:
-            if m not in ("ibp", "crown", "alpha-crown"):
+            if m not in ("ibp", "crown", "alpha-crown", "full-alpha-crown"):
                 parser.error(f"unknown method {m!r}")
         return out
 
@@ -348,7 +348,7 @@ def main(argv=None) -> None:
     tables = []
     for m in models:
         for method in methods(args.methods if m == "mlp" else args.cnn_methods):
-            widths = args.alpha_widths if method == "alpha-crown" else args.widths
+            widths = args.alpha_widths if "alpha" in method else args.widths
             tables.append((m, widths if m == "mlp" else "", method))
 
     print(f"# shardbound fsdp memory benchmark: threads 1, nprocs {args.nprocs} + fsdp fast P=2, "

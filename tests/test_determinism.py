@@ -15,7 +15,7 @@ from multirank import compile_pairs, run_job, shared_cases, zoo_cases
 pytestmark = pytest.mark.multirank     # jobs of several processes (pyproject.toml)
 
 MODELS = ("mlp", "cnn_batchnorm", "residual", "cnn_avgpool")
-METHODS = ["ibp", "crown", "alpha-crown"]
+METHODS = ["ibp", "crown", "alpha-crown", "full-alpha-crown"]
 
 
 def _models(tmp):

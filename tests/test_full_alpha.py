@@ -1,8 +1,8 @@
 """Full alpha-CROWN (runtime/engine/full_alpha.py): sound by sampling and attacks on the final
 bounds and on every tightened intermediate node, never looser than CROWN, tighter than
 alpha-CROWN of the final pass alone on a deep MLP, bitwise repeatable, and what
-`--method alpha-crown` runs. fsdp P=1..4 bitwise equality is tests/test_determinism.py's job
-(method alpha-crown)."""
+`--method full-alpha-crown` runs. fsdp P=1..4 bitwise equality is tests/test_determinism.py's
+job (method full-alpha-crown)."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_full_alpha_crown_is_sound_and_never_looser_than_crown(networks, name):
     assert changed > 0, name
 
 
-def test_full_alpha_beats_final_pass_alpha_repeats_and_is_the_alpha_crown_method(networks):
+def test_full_alpha_beats_final_pass_alpha_repeats_and_is_the_full_method(networks):
     from shardbound.runtime.engine.alpha import alpha_crown
     from shardbound.runtime.engine.full_alpha import full_alpha_crown
 
@@ -89,7 +89,7 @@ def test_full_alpha_beats_final_pass_alpha_repeats_and_is_the_alpha_crown_method
     final_only = alpha_crown(net, lo, hi)[0]
     lb, ub, _ = full_alpha_crown(net, lo, hi)
     assert float((lb - final_only).sum()) > 0
-    again = net.bounds(lo, hi, method="alpha-crown")
+    again = net.bounds(lo, hi, method="full-alpha-crown")
     assert torch.equal(again[0], lb) and torch.equal(again[1], ub)
     # the rows each start node's alphas were made for, for the memory model
     assert net.alpha_rows and all(v > 0 for v in net.alpha_rows.values())

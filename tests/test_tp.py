@@ -293,9 +293,7 @@ def test_tp_user_errors(tmp_path, capsys):
 def test_tp_alpha_crown(tmp_path):
     """alpha-CROWN through tp zones (the reductions are differentiable: the gradient of a
     reduced sum is local, and the gradient w.r.t. a replicated A-matrix sums every rank's part):
-    tp optimises the final pass's alphas only (zone nodes are no start nodes of full
-    alpha-CROWN); with --tp-intermediate crown it is bitwise single mode's final-pass
-    alpha-CROWN (the internal method alpha-crown-final), the default is
+    with --tp-intermediate crown it is bitwise single mode's alpha-CROWN, the default is
     identical across P, fast is sound, and every variant is at least as tight as its CROWN."""
     cases = []
     for name in ("tp_mlp2", "tp_cnn"):
@@ -312,12 +310,11 @@ def test_tp_alpha_crown(tmp_path):
                                     summation="fast", tp_intermediate="ibp")}
         cases.append((name, lo, hi, {k: box_entry(d, lo, hi) for k, d in progs.items()}))
     methods = ["crown", "alpha-crown"]
-    single = run_job(tmp_path, [c[3]["single"] for c in cases], ["alpha-crown-final"], 1,
-                     tag="as")
+    single = run_job(tmp_path, [c[3]["single"] for c in cases], methods, 1, tag="as")
     entries = [e for c in cases for k, e in c[3].items() if k != "single"]
     runs = {P: run_job(tmp_path, entries, methods, P, tag="at", bounds=True) for P in (2, 3)}
     for name, lo, hi, e in cases:
-        want = single[(e["single"]["dir"], "alpha-crown-final")]["sha"]
+        want = single[(e["single"]["dir"], "alpha-crown")]["sha"]
         forward = _forward_of(e["single"]["dir"])
         for P, got in runs.items():
             assert _get(got, e["crown"], "alpha-crown")["sha"] == want, (name, P)

@@ -76,7 +76,7 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
     shard rows also stream large linear weights in blocks of `stream_chunk_bytes`).
     `crown_rows` (a run's `Network.bounded_rows`): how many neurons of each planned node CROWN
     bounded; without it every neuron is assumed to be (the most a run can take: the compiler's
-    memory_plan pass predicts before any box is known). For "alpha-crown" (full alpha-CROWN:
+    memory_plan pass predicts before any box is known). For "full-alpha-crown" (full alpha-CROWN:
     runtime/engine/full_alpha.py) `alpha_rows` (a run's `Network.alpha_rows`) gives each
     intermediate start node's neurons with alphas; the peak is CROWN's or the optimisation's
     (`_alpha_phase_peak`), whichever is larger (CROWN's alone when `alpha_rows` is None: no
@@ -120,7 +120,7 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
         starts = (world, streamed, stream_chunk_bytes or 0)
         peak = max(peak, resident + held + _backward_peak(nodes, index, gathered, target, S, eye,
                                                           batch, starts))
-    if method == "alpha-crown" and alpha_rows is not None:
+    if method == "full-alpha-crown" and alpha_rows is not None:
         # Differentiated backward products stream every sharded matrix, P = 1 included
         # (runtime/ops/linear.py): blocks of it are gathered.
         alpha_gathered = [_gathered_bytes(node, True, True, stream_chunk_bytes or 0) if fsdp

@@ -37,7 +37,7 @@ from shardbound.runtime.ops import Bounds, Op
 from shardbound.runtime.ops.patches import Patches, dense
 from shardbound.runtime.parallel.rows import RowSplit, unit_rows
 
-METHODS = ("ibp", "crown", "alpha-crown")
+METHODS = ("ibp", "crown", "alpha-crown", "full-alpha-crown")
 SMALL_BOX_TERMS = 1 << 20       # A-matrix elements up to which both box terms share a call
 
 
@@ -504,14 +504,14 @@ class Network:
             return self._ibp_spec(self.ibp_all(lower, upper)[self.output.name], C, lower.shape[0])
         if method == "crown":
             return self.crown(lower, upper, C)
-        if method == "alpha-crown":
-            from shardbound.runtime.engine.full_alpha import full_alpha_crown
-
-            return full_alpha_crown(self, lower, upper, C)[:2]
-        if method == "alpha-crown-final":   # internal (tests): the final pass's alphas only
+        if method == "alpha-crown":     # the final pass's alphas (tp's alpha-CROWN too)
             from shardbound.runtime.engine.alpha import alpha_crown
 
             return alpha_crown(self, lower, upper, C)
+        if method == "full-alpha-crown":    # alphas per start node (in tp: as alpha-crown)
+            from shardbound.runtime.engine.full_alpha import full_alpha_crown
+
+            return full_alpha_crown(self, lower, upper, C)[:2]
         raise ShardboundError(f"unknown bound method {method!r}; choose one of {', '.join(METHODS)}")
 
 

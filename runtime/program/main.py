@@ -175,11 +175,12 @@ def _run_rank(directory: str, args) -> int:
 
 
 def predicted_peak(verifier, comm, method: str, lb) -> int | None:
-    """The memory model's prediction for this very run (None in tp: not modelled)."""
+    """The memory model's prediction for this very run (None for final-pass alpha-CROWN
+    and in tp: not modelled)."""
     from shardbound.runtime.program.loader import stream_chunk_bytes
     from shardbound.runtime.accounting.memory_model import network_shapes, predict_peak
 
-    if method not in ("ibp", "crown", "alpha-crown") or verifier.plan["mode"] == "tp":
+    if method not in ("ibp", "crown", "full-alpha-crown") or verifier.plan["mode"] == "tp":
         return None                     # tp: not modelled (bench/tp_memory.py measures it)
     net = verifier.network
     fsdp = verifier.plan["mode"] == "fsdp"
