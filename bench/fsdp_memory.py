@@ -2,17 +2,18 @@
 
 Usage:
     python bench/fsdp_memory.py [--widths 784-4096-4096-4096-10]
-                                [--alpha-widths 784-2048-2048-2048-10]
-                                [--nprocs 1,2,4] [--methods crown,alpha-crown]
+                                [--alpha-widths 784-512-512-512-10]
+                                [--nprocs 1,2,4] [--methods crown,alpha-crown,full-alpha-crown]
                                 [--cnn-methods crown] [--models mlp,cnn] [--seed 0] [--eps 0.01]
 
 Two networks are built in code with onnx.helper (weights fixed by --seed):
 
 - mlp: a wide MLP, Gemm (transB=1) + Relu per hidden layer, widths from --widths
   (default 784-4096-4096-4096-10, about 147 MB of float32 weights); the alpha-CROWN table uses
-  --alpha-widths, by default the narrower 784-2048-2048-2048-10 (about 40 MB): alpha-CROWN
-  (20 iterations) on the 4096 MLP took 37 s in single mode but 121 s at fsdp P=4 on the shared
-  2-core development machine, too slow for a benchmark row;
+  --alpha-widths, by default the narrower 784-512-512-512-10 (3.6 MiB): full alpha-CROWN
+  (runtime/engine/full_alpha.py, 20 iterations) optimises a pass per start node, rows x
+  earlier ReLU neurons of alphas each (14 MiB of alphas and moments here, against 3.6 MiB of
+  weights), 13 s in single mode on the shared 2-core machine; at 2048 it would take minutes;
 - cnn: input 3x32x32, Conv 3->32 3x3 stride 2 pad 1, Relu, Conv 32->64 3x3 stride 2 pad 1,
   Relu, Flatten, Gemm 4096->512, Relu, Gemm 512->10 (about 8 MiB of weights, almost all in
   the first Gemm). The first conv has stride 2 on purpose: with stride 1 (32x32x32 = 32768
@@ -36,8 +37,8 @@ Per run the table shows the memory report of OUT.json (each figure the max over 
 resident weight bytes; the peak of all tracked bytes (weights, gathered weights, CROWN
 A-matrices, bounds, and for alpha-CROWN the slopes with Adam's moments and the tensors the
 autograd graph saves) and its ratio to single mode; the memory model's prediction of that peak
-(`memory.predicted_peak_tracked_bytes`, runtime/accounting/memory_model.py; not modelled for
-alpha-CROWN) and predicted/measured; the peaks of the A-matrices, of the gathered weights
+(`memory.predicted_peak_tracked_bytes`, runtime/accounting/memory_model.py) and
+predicted/measured; the peaks of the A-matrices, of the gathered weights
 and of alpha + autograd alone; peak RSS from the OS
 (VmHWM); the bound time (OUT.json `seconds`) and its ratio to single; and whether
 bounds_sha256 equals single mode's (fsdp with blocked summation reproduces single mode bit for
@@ -56,7 +57,7 @@ Notes on reading the numbers:
   the driver stays small while the ranks run on a shared machine.
 
 The whole default run took 329 s on the shared 2-core development machine (bound times, single
-mode: 21 s CROWN on the 4096 MLP, 9 s alpha-CROWN on the 2048 MLP, 16 s CROWN on the CNN).
+mode: 21 s CROWN on the 4096 MLP, 9 s alpha-CROWN (final pass only, then) on the 2048 MLP, 16 s CROWN on the CNN).
 """
 
 from __future__ import annotations
@@ -308,13 +309,13 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--widths", default="784-4096-4096-4096-10",
                         help="MLP layer widths, input first (default 784-4096-4096-4096-10)")
-    parser.add_argument("--alpha-widths", default="784-2048-2048-2048-10",
-                        help="MLP widths of the alpha-CROWN table (default 784-2048-2048-2048-10;"
-                             " alpha-CROWN at fsdp P=4 on the 4096 MLP takes about 2 minutes)")
+    parser.add_argument("--alpha-widths", default="784-512-512-512-10",
+                        help="MLP widths of the alpha-CROWN table (default 784-512-512-512-10;"
+                             " full alpha-CROWN's work grows with width squared per layer)")
     parser.add_argument("--nprocs", default="1,2,4", help="fsdp world sizes (default 1,2,4)")
-    parser.add_argument("--methods", default="crown,alpha-crown",
-                        help="methods for the MLP: comma list of ibp, crown, alpha-crown "
-                             "(default crown,alpha-crown)")
+    parser.add_argument("--methods", default="crown,alpha-crown,full-alpha-crown",
+                        help="methods for the MLP: comma list of ibp, crown, alpha-crown, full-alpha-crown "
+                             "(default crown,alpha-crown,full-alpha-crown)")
     parser.add_argument("--cnn-methods", default="crown",
                         help="methods for the CNN (default crown)")
     parser.add_argument("--models", default="mlp,cnn", help="comma list of mlp, cnn")
@@ -332,7 +333,7 @@ def main(argv=None) -> None:
     def methods(text):
         out = [m.strip() for m in text.split(",") if m.strip()]
         for m in out:
-            if m not in ("ibp", "crown", "alpha-crown"):
+            if m not in ("ibp", "crown", "alpha-crown", "full-alpha-crown"):
                 parser.error(f"unknown method {m!r}")
         return out
 
@@ -347,7 +348,7 @@ def main(argv=None) -> None:
     tables = []
     for m in models:
         for method in methods(args.methods if m == "mlp" else args.cnn_methods):
-            widths = args.alpha_widths if method == "alpha-crown" else args.widths
+            widths = args.alpha_widths if "alpha" in method else args.widths
             tables.append((m, widths if m == "mlp" else "", method))
 
     print(f"# shardbound fsdp memory benchmark: threads 1, nprocs {args.nprocs} + fsdp fast P=2, "

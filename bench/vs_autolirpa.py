@@ -21,8 +21,11 @@ worker of its own (glibc's mmap threshold fixed at 128 KiB so freed tensors leav
 peak RSS (VmHWM, reset through /proc/self/clear_refs after a warm-up bound) minus the RSS
 then (weights, caches made by the warm-up such as shardbound's transposed weights, the
 interpreter and one-time lazy set-up are not counted; the bound's own temporaries are). alpha-CROWN: 20 iterations in
-both tools; auto_LiRPA bounds the lower side only (its upper side would be a second
-optimisation), shardbound's upper side is plain CROWN. shardbound's CROWN rows per node (how
+both tools; auto_LiRPA's alpha-CROWN (alphas per relaxed op and start node) for both rows,
+shardbound's `alpha-crown` (the final pass's alphas) and `full-alpha-crown`
+(runtime/engine/full_alpha.py: alphas per start node too); auto_LiRPA bounds the lower side
+only (its upper side would be a second optimisation), shardbound's upper side is CROWN (on
+the tightened intermediate bounds for full-alpha-crown). shardbound's CROWN rows per node (how
 many neurons each intermediate backward pass bounded) are printed under the table.
 
 auto_LiRPA is not a dependency: give a checkout with `--lirpa PATH` (see
@@ -44,7 +47,7 @@ import time
 
 OPSET = 13
 MODELS = ("acasxu", "mnist256x2", "mlp1024", "mlp4096", "cnn", "resnet")
-METHODS = ("crown", "alpha-crown")
+METHODS = ("crown", "alpha-crown", "full-alpha-crown")
 EPS = {"acasxu": 0.05, "mnist256x2": 0.02, "mlp1024": 0.01, "mlp4096": 0.005, "cnn": 0.005,
        "resnet": 0.005}
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -452,7 +455,7 @@ def main(argv=None) -> int:
                     help="lirpa_compat.py (default: ../shared/oracle/lirpa_compat.py if present)")
     ap.add_argument("--repeat", type=int, default=3, help="timed rounds (after one warm-up)")
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma list of {', '.join(MODELS)}")
-    ap.add_argument("--methods", default=",".join(METHODS), help="comma list of crown, alpha-crown")
+    ap.add_argument("--methods", default=",".join(METHODS), help="comma list of crown, alpha-crown, full-alpha-crown")
     ap.add_argument("--tools", default="sb-fast,sb-blocked",
                     help="shardbound tools (sb-fast, sb-blocked); lirpa is added with --lirpa")
     ap.add_argument("--seed", type=int, default=0)

@@ -94,7 +94,7 @@ def _compile_for_verify(args, tmp: str) -> tuple[str, str]:
 
     options = pass_options(args)
     if options.memory_budget is not None:       # verify runs CROWN, alpha-CROWN and BaB
-        options = replace(options, plan_methods=("crown", "alpha-crown"))
+        options = replace(options, plan_methods=("crown", "alpha-crown", "full-alpha-crown"))
     graph = compile_model(args.model, out, options)
     spec = spec_from_property(prop)
     check_spec_fits(spec, graph.input.shape, graph.node(graph.output).shape)

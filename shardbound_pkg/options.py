@@ -26,7 +26,7 @@ from dataclasses import dataclass, fields
 
 MODES = ("single", "fsdp", "tp")
 SUMMATIONS = ("blocked", "exact", "fast")
-METHODS = ("ibp", "crown", "alpha-crown")
+METHODS = ("ibp", "crown", "alpha-crown", "full-alpha-crown")
 INTERMEDIATE = ("crown", "ibp")
 DEVICES = ("cpu", "cuda", "auto")
 SOUNDNESS = ("default", "real", "float32")

@@ -69,7 +69,8 @@ def _starts_at_inputs(node: NodeShape, world: int, streamed: bool, chunk: int) -
 def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1,
                  spec_rows: int | None = None, shard_rows: bool | None = None,
                  method: str = "crown", stream_chunk_bytes: int | None = None,
-                 crown_rows: dict | None = None, row_tile: int | None = None) -> dict:
+                 crown_rows: dict | None = None, row_tile: int | None = None,
+                 alpha_rows: dict | None = None) -> dict:
     """Predicted per-rank bytes: resident parameters, and the tracked peak of a run of
     `method` ("ibp" or "crown"). `shard_rows` None means single mode (whole parameters);
     False or True means fsdp without or with work sharding of the CROWN rows (the orders that
@@ -83,6 +84,11 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
     or a method's own phase; `peak_node`: the node being visited), for the planner's and the
     run-time guard's messages. Methods other than IBP and CROWN are predicted by the figures
     registered in `METHOD_MODELS` (alpha-CROWN: runtime/accounting/alpha_model.py).
+    For "full-alpha-crown" (full alpha-CROWN: runtime/engine/full_alpha.py) `alpha_rows` (a
+    run's `Network.alpha_rows`) gives each intermediate start node's neurons with alphas; the
+    peak is CROWN's or the optimisation's (`_alpha_phase_peak`), whichever is larger. Without
+    `alpha_rows` (before any box is known: the planner) every neuron of every intermediate
+    pass is assumed to get alphas, the most a run can take.
 
     Replaying every backward pass costs the sum of their lengths: quadratic in depth (a chain
     of 20,000 ReLUs took minutes to compile). Only the largest peak is wanted, so each pass
@@ -114,7 +120,7 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
             peak, where = resident + gathered[i] + ibp_bytes, ("ibp", node.name)
     if method == "ibp":
         return _result(resident, peak, where)
-    if method != "crown" and method not in METHOD_MODELS:
+    if method not in ("crown", "full-alpha-crown") and method not in METHOD_MODELS:
         raise ValueError(f"no memory model for method {method!r}; register one in "
                          "METHOD_MODELS (runtime/accounting/memory_model.py)")
 
@@ -128,8 +134,20 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
         got, at = _backward_peak(nodes, index, gathered, target, S, eye, batch, starts)
         if resident + held + got > peak:
             peak, where = resident + held + got, (f"crown<-{nodes[target].name}", nodes[at].name)
+    if method == "full-alpha-crown":
+        # Differentiated backward products stream every sharded matrix, P = 1 included
+        # (runtime/ops/linear.py): blocks of it are gathered.
+        alpha_gathered = [_gathered_bytes(node, True, True, stream_chunk_bytes or 0) if fsdp
+                          else 0 for node in nodes]
+        final_rows = rows(spec_rows or math.prod(nodes[index[output]].shape))
+        if alpha_rows is None:
+            alpha_rows = {nodes[t].name: math.prod(nodes[t].shape) for t, *_ in passes[:-1]}
+        got = resident + passes[-1][3] + _alpha_phase_peak(
+            nodes, index, output, batch, rows, final_rows, alpha_rows, alpha_gathered)
+        if got > peak:
+            peak, where = got, ("full-alpha-crown", output)
     result = _result(resident, peak, where)
-    if method != "crown":
+    if method not in ("crown", "full-alpha-crown"):
         final = passes[-1]
         spec_total = spec_rows or math.prod(nodes[index[output]].shape)
         context = MethodContext(nodes, index, gathered, resident, batch, output,
@@ -179,6 +197,60 @@ def register_method_model(name: str):
         METHOD_MODELS[name] = fn
         return fn
     return put
+
+
+# What the autograd graph of one alpha pass saves, in tensors of (batch, rows, op input) per
+# optimisable op, measured on the ReLU kernels (runtime/ops/activation.py): the first such op
+# of the pass (its incoming A-matrix is a constant) keeps two, every later one four (its
+# A-matrix depends on earlier alphas); the input A-matrix is kept for the box terms.
+SAVED_FIRST, SAVED_LATER = 2, 4
+
+
+def _alpha_phase_peak(nodes, index, output: str, batch: int, rows, final_rows: int,
+                      alpha_rows: dict, gathered: list) -> int:
+    """Bytes on top of resident parameters and held bounds while full alpha-CROWN optimises:
+    every start node's alphas with Adam's two moments, plus the largest of one pass's
+    steps: what its autograd graph saved so far, the step's A-matrices in and out and its
+    gathered parameters; then the box terms (the input A-matrix, saved too). Each pass's
+    graph is freed by its own backward. `rows(n)` is this rank's share of n rows."""
+    ancestors: dict[str, set] = {}
+    for node in nodes:
+        seen = set()
+        for i in node.inputs:
+            seen |= ancestors[i] | {i}
+        ancestors[node.name] = seen
+
+    def numel(name):
+        return math.prod(nodes[index[name]].shape)
+
+    input_numel = math.prod(nodes[0].shape)
+    starts = [(2 * rows(k), name) for name, k in alpha_rows.items() if k]
+    starts.append((final_rows, output))
+    alpha, worst = 0, 0
+    for R, name in starts:
+        path = [j for j in range(index[name], 0, -1)
+                if nodes[j].name in ancestors[name] | {name}]      # backward order
+        ops = [j for j in path if nodes[j].traits.relaxed and nodes[j].traits.has_alpha]
+        if not ops:
+            continue
+        alpha += 3 * batch * R * sum(numel(nodes[j].inputs[0]) for j in ops) * F32
+        saved, later, peak = 0, False, 0
+        for j in path:
+            node = nodes[j]
+            ins = sum(numel(i) for i in node.inputs)
+            if j in ops:
+                # masks (a byte each) and, past the first op, two lines of floats
+                saved += (batch * R * ins * (SAVED_LATER if later else SAVED_FIRST) * F32
+                          + batch * ins * (1 + (2 * F32 if later else 0)))
+                later = True
+                continue
+            if not node.traits.relaxed:     # the bias terms keep the non-weight parameters
+                saved += (sum(node.param_numels) - math.prod(node.weight_shape or (0,))) * F32
+            peak = max(peak, saved + batch * R * (numel(node.name) + ins) * F32 + gathered[j])
+        # the box terms: the input A-matrix (and its saved copy), the box's center and radius
+        peak = max(peak, saved + batch * (R * 2 * input_numel * F32 + 2 * F32 * input_numel + R))
+        worst = max(worst, peak)
+    return alpha + worst if alpha else 0
 
 
 def _passes(nodes, index, batch: int, rows, ibp_bytes: int, output: str, spec_rows,

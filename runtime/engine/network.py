@@ -38,7 +38,7 @@ from shardbound.runtime.ops import Bounds, Op
 from shardbound.runtime.ops.patches import Patches, dense
 from shardbound.runtime.parallel.rows import RowSplit, unit_rows
 
-METHODS = ("ibp", "crown", "alpha-crown")
+METHODS = ("ibp", "crown", "alpha-crown", "full-alpha-crown")
 SMALL_BOX_TERMS = 1 << 20       # A-matrix elements up to which both box terms share a call
 
 
@@ -70,6 +70,9 @@ class Network:
         # -> spec rows of the final pass. Zone nodes (tp) count this rank's neurons.
         self.crown_rows: dict[str, int] = {}
         self.bounded_rows: dict[str, int] = {}  # rows each pass started with (memory model)
+        # Full alpha-CROWN's start nodes -> neurons whose rows carry alphas (the memory
+        # model); None when the last run optimised nothing
+        self.alpha_rows: dict[str, int] | None = None
         self.budget = None              # verify: a time budget checked per CROWN-bounded node
         # Sparse rows chosen under IBP recomputed from the CROWN-tightened bounds of earlier
         # nodes (fewer rows, as auto_LiRPA does; bounds equal or tighter on most models, but
@@ -549,10 +552,14 @@ class Network:
             return self._ibp_spec(self.ibp_all(lower, upper)[self.output.name], C, lower.shape[0])
         if method == "crown":
             return self.crown(lower, upper, C)
-        if method == "alpha-crown":
+        if method == "alpha-crown":     # the final pass's alphas (tp's alpha-CROWN too)
             from shardbound.runtime.engine.alpha import alpha_crown
 
             return alpha_crown(self, lower, upper, C)
+        if method == "full-alpha-crown":    # alphas per start node (in tp: as alpha-crown)
+            from shardbound.runtime.engine.full_alpha import full_alpha_crown
+
+            return full_alpha_crown(self, lower, upper, C)[:2]
         raise ShardboundError(f"unknown bound method {method!r}; choose one of {', '.join(METHODS)}")
 
 

@@ -27,6 +27,7 @@ class ParamGroup:
     tensors: list[torch.Tensor]
     lr: float
     project: Callable[[], None]
+    decay: float = 1.0          # the learning rate is multiplied by this after each step
 
 
 def initial_alphas(network, known, B: int, S: int, nodes=None) -> dict[str, torch.Tensor]:
@@ -39,7 +40,8 @@ def initial_alphas(network, known, B: int, S: int, nodes=None) -> dict[str, torc
     return alphas
 
 
-def alpha_group(network, alphas: dict[str, torch.Tensor], lr: float) -> ParamGroup:
+def alpha_group(network, alphas: dict[str, torch.Tensor], lr: float, decay: float = 1.0
+                ) -> ParamGroup:
     """The alpha tensors as one group, each projected by its own op."""
     ops = [network.by_name[name] for name in alphas]
 
@@ -47,7 +49,7 @@ def alpha_group(network, alphas: dict[str, torch.Tensor], lr: float) -> ParamGro
         for op in ops:
             op.alpha_project_(alphas[op.name])
 
-    return ParamGroup(list(alphas.values()), lr, project)
+    return ParamGroup(list(alphas.values()), lr, project, decay)
 
 
 def alpha_bytes(alphas: dict[str, torch.Tensor]) -> int:
@@ -91,6 +93,9 @@ def maximise(objective: Callable[[bool], torch.Tensor], groups: list[ParamGroup]
         with torch.no_grad():
             for g in params:
                 g.project()
+        for i, g in enumerate(params):
+            if g.decay != 1.0:          # an exponential schedule, as torch's ExponentialLR
+                opt.groups[i] = (opt.groups[i][0], g.lr * g.decay ** (it + 1))
     return best
 
 

@@ -55,11 +55,18 @@ class Linear(Op):
         return weight * scale[None, :], np.broadcast_to(b_new, (weight.shape[0],))
 
     # -- kernels ------------------------------------------------------------------------------
-    def _streamed(self):
+    def _streamed(self, grad: bool = False):
         """The weight's fsdp shard when products should stream it block by block instead of
-        gathering it whole (see runtime/numerics/streaming.py); None otherwise."""
+        gathering it whole (see runtime/numerics/streaming.py); None otherwise. With `grad`
+        (a backward product that alpha-CROWN differentiates) any sharded matrix streams: the
+        autograd graph would otherwise keep a whole gathered copy, which does not fall with P;
+        streaming keeps nothing and gathers again for the gradient (bits unchanged)."""
         p = self.params.get("weight")
-        if self.order != "fast" and getattr(p, "streams", False):
+        if self.order == "fast" or p is None:
+            return None
+        if getattr(p, "streams", False):
+            return p
+        if grad and not isinstance(p, torch.Tensor) and len(p.shape) == 2:
             return p
         return None
 
@@ -95,7 +102,7 @@ class Linear(Op):
         return bias
 
     def backward_linear(self, A):
-        stream = self._streamed()
+        stream = self._streamed(getattr(A, "requires_grad", False))
         if stream is not None:
             (A_in,) = streaming.backward_products(stream, [A], self.order)
         else:
@@ -151,7 +158,8 @@ class Linear(Op):
         return [A.reshape(1, len(index), *self.in_shapes[0])], bias
 
     def crown_backward(self, lA, uA, in_bounds, alpha=None):
-        stream = self._streamed()
+        stream = self._streamed(getattr(lA, "requires_grad", False)
+                                or getattr(uA, "requires_grad", False))
         if stream is None or uA is None or uA is lA:
             return super().crown_backward(lA, uA, in_bounds, alpha)
         l_in, u_in = streaming.backward_products(stream, [lA, uA], self.order)

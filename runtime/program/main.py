@@ -188,20 +188,22 @@ def _run_rank(directory: str, args) -> int:
 def predicted_peak(verifier, comm, method: str, lb) -> int | None:
     """The memory model's prediction for this very run (None in tp mode: not modelled)."""
     from shardbound.runtime.program.loader import stream_chunk_bytes
-    from shardbound.runtime.accounting.memory_model import network_shapes, predict_peak
+    from shardbound.runtime.accounting.memory_model import (METHOD_MODELS, network_shapes,
+                                                             predict_peak)
 
-    from shardbound.runtime.accounting.memory_model import METHOD_MODELS
-
-    if (method not in ("ibp", "crown") and method not in METHOD_MODELS) \
+    if (method not in ("ibp", "crown", "full-alpha-crown") and method not in METHOD_MODELS) \
             or verifier.plan["mode"] == "tp":
         return None                     # tp: not modelled (bench/tp_memory.py measures it)
     net = verifier.network
     fsdp = verifier.plan["mode"] == "fsdp"
+    if method == "full-alpha-crown" and net.alpha_rows is None:
+        method = "crown"                # no optimisation ran (full_alpha.py): CROWN's figure
     pred = predict_peak(network_shapes(net), net.output.name, comm.world,
                         batch=lb.shape[0] if lb.dim() > 1 else 1, spec_rows=lb.shape[-1],
                         shard_rows=net.rows.enabled if fsdp else None, method=method,
                         stream_chunk_bytes=stream_chunk_bytes(verifier.plan),
-                        crown_rows=net.bounded_rows, row_tile=net.row_tile)
+                        crown_rows=net.bounded_rows, row_tile=net.row_tile,
+                        alpha_rows=net.alpha_rows)
     return pred["peak_tracked_bytes"]
 
 

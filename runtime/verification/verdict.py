@@ -1,8 +1,8 @@
 """Turn bounds into answers: sat (with a confirmed counterexample), unsat, unknown, timeout.
 
 Per case of the property: (1) a projected-gradient attack; (2) CROWN on the whole box;
-(3) alpha-CROWN, on intermediate bounds tightened by alpha-CROWN (runtime/engine/intermediate_alpha.py)
-that every branch-and-bound domain then inherits; (4) branch and bound by input splitting
+(3) full alpha-CROWN (runtime/engine/full_alpha.py), whose tightened intermediate bounds
+every branch-and-bound domain then inherits; (4) branch and bound by input splitting
 when the input is small enough, else a stronger attack and branch and bound by ReLU splitting with beta-CROWN bounds.
 The property is sat as soon as one case has a counterexample that a plain forward pass
 confirms, and unsat when every case is proved. Results follow VNN-COMP.
@@ -20,12 +20,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from shardbound.runtime.engine import alpha as alpha_mod
+from shardbound.runtime.engine.full_alpha import root_bounds
 from shardbound.runtime.errors import ShardboundError
 from shardbound.runtime.verification.attack import pgd
 from shardbound.runtime.verification.budget import Budget, BudgetExhausted
 from shardbound.runtime.verification.input_split import input_split, refuted_conjunctions
-from shardbound.runtime.engine.intermediate_alpha import optimise_intermediate_bounds
 from shardbound.runtime.verification.relu_split import can_split, relu_split
 from shardbound.runtime.verification.stages import StageLog
 from shardbound.runtime.verification.spec import Spec, SpecCase, inside_box, outward_box, violated_conjunctions
@@ -208,13 +207,11 @@ class _CaseRunner:
                 return "sat", cex
             if self.certified():
                 return "unsat", None
-        # Tighter intermediate bounds for alpha-CROWN, and the root prior of branch and bound.
-        budget.check()
-        self.start("intermediate")
-        cache = (cache[0], optimise_intermediate_bounds(self.net, lo, hi, cache[1], stop=budget))
+        # Full alpha-CROWN; its tightened intermediate bounds are branch and bound's root prior.
         budget.check()
         self.start("alpha-crown")
-        lb, _ = alpha_mod.alpha_crown(self.net, lo, hi, C_dev, cache=cache, stop=budget)
+        lb, prior = root_bounds(self.net, lo, hi, C_dev, cache, stop=budget)
+        cache = (cache[0], prior)
         lb = lb.cpu()
         if self.refuted(lb) and self.certified():
             return "unsat", None

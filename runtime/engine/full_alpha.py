@@ -1,0 +1,187 @@
+"""Full alpha-CROWN: relaxation parameters per (relaxed op, start node), optimised jointly.
+
+alpha-CROWN of the final pass alone (runtime/engine/alpha.py) keeps CROWN's intermediate
+bounds, yet those decide which neurons are unstable and how loose every later relaxation is.
+Here every pass that bounds neurons gets its own parameters, as in Xu et al. 2021: the start
+nodes are the final spec and every planned-CROWN node with neurons whose relaxation is
+inexact under CROWN's bounds (sparse rows: only those neurons, two rows each, z_i and -z_i, the
+lower bound of -z_i being minus its upper bound). Start node N's parameters are one alpha
+tensor (B, rows of N, *op shape) per optimisable op before N, initialised from CROWN's slopes.
+
+One iteration runs the passes in topological order, each from the best-so-far bounds of the
+earlier start nodes (every such bound holds on the box, so each pass is sound whatever the
+optimiser did), then one projected Adam step (runtime/engine/optimise.py) on all parameters:
+the loss is the sum of the final spec rows' lower bounds and of the start nodes' row bounds,
+with intermediate bounds entering later relaxations as constants (a stop-gradient; auto_LiRPA
+instead differentiates the final loss through them). The reason is sharding: with it, the
+gradient of a row's parameters depends on that row alone, so in fsdp each rank owns the rows of
+every start node that row sharding (runtime/parallel/rows.py) gives it -- its 1/P of every
+alpha tensor and of Adam's moments, never the full set -- and the bits are single mode's for
+any P under a row-invariant order; and each pass's autograd graph is freed right after its
+backward, so the autograd peak is one pass's, not the sum over passes. Each row keeps its best
+value over the iterations (never looser than CROWN: CROWN's bound is the floor).
+
+Deterministic: a fixed iteration count, passes in a fixed order, no randomness. tp zone nodes
+(each rank holds a slice of their rows) are not start nodes: in tp this is alpha-CROWN of the
+final pass. A start node whose alpha tensors would exceed `max_alpha_elements` (counted over
+all rows, so every rank decides alike) keeps CROWN's bounds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from shardbound.runtime.accounting.ledger import SavedTensorCounter
+from shardbound.runtime.engine.optimise import alpha_bytes, alpha_group, initial_alphas, maximise
+from shardbound.runtime.parallel.rows import unit_rows
+
+DEFAULT_ITERATIONS = 20
+DEFAULT_LR = 0.5
+DEFAULT_DECAY = 0.98                # per step (auto_LiRPA's defaults for its alpha-CROWN)
+MAX_ALPHA_ELEMENTS = 1 << 25        # per start node, all ranks: 128 MiB of slopes
+
+
+@dataclass
+class StartNode:
+    """An intermediate pass: `index` (all ranks' neurons of `node` it bounds), this rank's
+    slice `mine` of them, its start rows A (B, 2 len(mine), *shape) and its alphas."""
+
+    node: object
+    index: torch.Tensor
+    mine: torch.Tensor
+    A: torch.Tensor
+    alphas: dict
+    best: torch.Tensor          # (B, 2 len(mine)): best lower bounds of z_mine, -z_mine
+
+
+def full_alpha_crown(network, lower: torch.Tensor, upper: torch.Tensor, C=None,
+                     iterations: int = DEFAULT_ITERATIONS, lr: float = DEFAULT_LR, cache=None,
+                     stop=None, max_alpha_elements: int = MAX_ALPHA_ELEMENTS,
+                     decay: float = DEFAULT_DECAY):
+    """(lower (B, S), upper (B, S), known): bounds of C f(x) by full alpha-CROWN and the
+    intermediate bounds it tightened (a copy of the planned ones, each at least as tight).
+    `cache` may hold (ibp, known) from an earlier intermediate pass on the same boxes;
+    `stop()` ends the optimisation early (a time budget: see `optimise.maximise`)."""
+    network.alpha_rows = None               # set below when the optimisation runs
+    with torch.no_grad():
+        ibp, known = cache if cache is not None else network.intermediate_bounds(lower, upper)
+        lb_all, ub_all = network.final_crown(ibp, known, lower, upper, C)
+    if iterations <= 0:
+        return lb_all, ub_all, dict(known)
+    if getattr(network, "tp", None) is not None:
+        from shardbound.runtime.engine.alpha import alpha_crown
+
+        lb, ub = alpha_crown(network, lower, upper, C, iterations, cache=(ibp, known),
+                             stop=stop)         # its own learning rate: tp's bits as before
+        return lb, ub, dict(known)
+    if not network.optimisable_nodes() or not network.any_inexact(known):
+        return lb_all, ub_all, dict(known)
+    B = lower.shape[0]
+    starts = start_nodes(network, known, B, max_alpha_elements)
+    network.alpha_rows = {s.node.name: len(s.index) for s in starts}
+    S_all = lb_all.shape[1]
+    a, b = network.rows.my_range(S_all)
+    final_alphas = initial_alphas(network, known, B, b - a)
+    every = [final_alphas] + [s.alphas for s in starts]
+    ledger = network.ledger
+    saved = SavedTensorCounter(ledger)
+    ledger.set("alpha", sum(alpha_bytes(al) for al in every))
+    current = {"known": dict(known)}
+
+    def objective(last):
+        cur = dict(known)
+        for s in starts:
+            value = network.backward(s.node, s.A, lower, upper, cur, s.alphas,
+                                     lower_only=True)[0]
+            if not last and value.requires_grad:
+                (-value.sum()).backward()
+                saved.clear()           # this pass's graph is gone
+            s.best = torch.maximum(s.best, value.detach())
+            cur[s.node.name] = _merged(network, s, known[s.node.name])
+        current["known"] = cur
+        return network.final_crown(ibp, cur, lower, upper, C, final_alphas, lower_only=True,
+                                   gather=False)[0]
+
+    groups = [alpha_group(network, al, lr, decay) for al in every if al]
+    try:
+        best = maximise(objective, groups, iterations, start=lb_all[:, a:b], saved=saved,
+                        stop=stop)
+    finally:
+        saved.clear()
+        ledger.set("alpha", 0)
+    tightened = current["known"]
+    lb = torch.maximum(network.rows.gather(best, S_all), lb_all)
+    if starts:      # CROWN's upper side on the tightened intermediate bounds
+        with torch.no_grad():
+            lb2, ub2 = network.final_crown(ibp, tightened, lower, upper, C)
+        lb, ub_all = torch.maximum(lb, lb2), torch.minimum(ub_all, ub2)
+    return lb, ub_all, tightened
+
+
+def start_nodes(network, known, B: int, max_alpha_elements: int = MAX_ALPHA_ELEMENTS
+                ) -> list[StartNode]:
+    """The intermediate passes of full alpha-CROWN, in topological order (see the module
+    docstring), each with this rank's rows and CROWN-initialised alphas."""
+    position = {n.name: i for i, n in enumerate(network.nodes)}
+    optimisable = network.optimisable_nodes()
+    per_row = {r.name: math.prod(r.alpha_init([known.get(i) for i in r.inputs]).shape[1:])
+               for r in optimisable}
+    out = []
+    for node in network.nodes:
+        if (network.intermediate.get(node.name) != "crown" or node is network.input
+                or hasattr(node, "crown_bounds") or node.name not in known):
+            continue
+        before = [r for r in optimisable if position[r.name] < position[node.name]
+                  and all(i in known for i in r.inputs)]
+        lo, hi = known[node.name]
+        index = torch.nonzero(network.inexact_mask(node, known[node.name]).reshape(B, -1)
+                              .any(dim=0)).reshape(-1)
+        k = len(index)
+        if not before or k == 0 or B * 2 * k * sum(per_row[r.name] for r in before) > \
+                max_alpha_elements:
+            continue
+        a, b = network.rows.my_range(k)
+        mine = index[a:b]
+        n = math.prod(node.shape)
+        eye = unit_rows(mine, n, lo.dtype, lo.device)
+        A = torch.cat([eye, -eye]).reshape(1, 2 * len(mine), *node.shape)
+        A = A.expand(B, *A.shape[1:])
+        flat_lo, flat_hi = lo.reshape(B, n), hi.reshape(B, n)
+        idx = mine.to(lo.device)
+        best = torch.cat([flat_lo[:, idx], -flat_hi[:, idx]], dim=1)
+        alphas = initial_alphas(network, known, B, 2 * len(mine), before)
+        out.append(StartNode(node, index, mine, A, alphas, best))
+    return out
+
+
+def _merged(network, s: StartNode, base):
+    """`base` (the node's planned bounds) with its start rows' best bounds, all ranks' rows
+    gathered (every rank then holds the same bounds, as after a CROWN pass)."""
+    lo, hi = base
+    B, k, m = lo.shape[0], len(s.index), len(s.mine)
+    both = network.rows.gather(torch.stack([s.best[:, :m], -s.best[:, m:]], dim=-1), k)
+    n = math.prod(s.node.shape)
+    new_lo, new_hi = lo.reshape(B, n).clone(), hi.reshape(B, n).clone()
+    idx = s.index.to(lo.device)
+    new_lo[:, idx] = torch.maximum(new_lo[:, idx], both[..., 0])
+    new_hi[:, idx] = torch.minimum(new_hi[:, idx], both[..., 1])
+    return new_lo.reshape(lo.shape), new_hi.reshape(hi.shape)
+
+
+def root_bounds(network, lower, upper, C, cache, stop=None):
+    """What `verify` runs once per input box after CROWN: (lower bounds (B, S) by full
+    alpha-CROWN, the tightened intermediate bounds: branch and bound's root prior). In tp
+    (no intermediate start nodes) the intermediate bounds are first tightened node by node
+    (runtime/engine/intermediate_alpha.py), then alpha-CROWN of the final pass runs on them."""
+    if getattr(network, "tp", None) is not None:
+        from shardbound.runtime.engine.alpha import alpha_crown
+        from shardbound.runtime.engine.intermediate_alpha import optimise_intermediate_bounds
+
+        known = optimise_intermediate_bounds(network, lower, upper, cache[1], stop=stop)
+        lb, _ = alpha_crown(network, lower, upper, C, cache=(cache[0], known), stop=stop)
+        return lb, known
+    lb, _, known = full_alpha_crown(network, lower, upper, C, cache=cache, stop=stop)
+    return lb, known
