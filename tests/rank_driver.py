@@ -1,7 +1,8 @@
 """Run as every rank of a multi-process test job (launched by shardbound.runtime.parallel.launch).
 
 argv: JOB.json OUT.json. JOB lists {"dir", "lower", "upper"} entries and "methods" (bound
-methods, or "crown-prior": CROWN on a sub-box with the box's bounds as a prior); rank 0
+methods, or "crown-prior": CROWN on a sub-box with the box's bounds as a prior; an entry's own
+"methods" list, when it has one, replaces the job's for that entry); rank 0
 writes, per entry and method, the bounds_sha256 and the memory ledger (max over ranks), and
 the bounds themselves when JOB has "bounds": true. An entry with "specs" (spec.json files as
 `shardbound verify` writes them) is verified instead: per spec, the verdict and the SHA-256
@@ -36,7 +37,7 @@ def main(job_path, out_path):
             continue
         if job.get("gradients"):
             results.append(_forward_and_gradient(verifier, entry))
-        for method in job["methods"]:
+        for method in entry.get("methods", job["methods"]):
             verifier.network.ledger.reset_peaks()
             if method == "crown-prior":
                 lb, ub = _crown_with_prior(verifier, entry)
