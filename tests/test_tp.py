@@ -29,7 +29,7 @@ METHODS = ["ibp", "crown"]
 # + CROWN on a sub-box with the box's bounds as a prior (branch and bound's children: CROWN
 # only on the still-unstable neurons of each zone node); bounds of a sub-box, so not sampled.
 JOB_METHODS = METHODS + ["crown-prior"]
-ALPHA_MODELS = ("tp_mlp2", "tp_cnn")   # also bounded with alpha-CROWN, on ALPHA_WORLDS ranks
+ALPHA_MODELS = ("tp_mlp2", "tp_cnn")   # + alpha-CROWN and gradients, on ALPHA_WORLDS ranks
 ALPHA_WORLDS = (2, 3)
 
 
@@ -40,8 +40,9 @@ def _models(tmp):
 @pytest.fixture(scope="module")
 def tp(tmp_path_factory):
     """Every model compiled as single, tp --tp-intermediate ibp, tp --tp-intermediate crown
-    (and tp with --summation fast for a few), then run on P = 1..4 ranks; alpha-CROWN too for
-    the ALPHA_MODELS, on P = 2 and 3 (test_tp_alpha_crown)."""
+    (and tp with --summation fast for a few), then run on P = 1..4 ranks; for the ALPHA_MODELS
+    on P = 2 and 3 also alpha-CROWN (test_tp_alpha_crown) and forward values and input
+    gradients at the box's corners and centre (test_tp_gradients_match_single_mode)."""
     tmp = tmp_path_factory.mktemp("tp")
     cases = {}
     for name, path, lo, hi in _models(tmp):
@@ -59,8 +60,8 @@ def tp(tmp_path_factory):
         out = []
         for name, (_, _, _, progs) in cases.items():
             alpha = with_alpha and name in ALPHA_MODELS
-            out += [{**e, "methods": JOB_METHODS + ["alpha-crown"]} if alpha else e
-                    for k, e in progs.items() if k in kinds]
+            out += [{**e, "methods": JOB_METHODS + ["alpha-crown"], "gradients": True}
+                    if alpha else e for k, e in progs.items() if k in kinds]
         return out
 
     single = run_job(tmp, entries(("single",), True), JOB_METHODS, 1, tag="single", bounds=True)
@@ -126,6 +127,27 @@ def test_tp_default_bound_loss_from_single(tp):
     assert 1.0 < ratio["tp_mlp2"] < 3.0, ratio
     assert 1.0 < ratio["tp_mlp3"] < 4.0, ratio
     assert ratio["tp_mlp3"] > ratio["tp_mlp2"], ratio
+
+
+def test_tp_gradients_match_single_mode(tp):
+    """Forward values and input gradients (what the attacks of `verify --mode tp` follow) in
+    tp equal single mode's bit for bit under `blocked` for an MLP whose zones span several
+    ranks (the column layer's gradient is reduced in single mode's tree), and closely for a
+    conv zone and for `fast`."""
+    cases, single, runs = tp
+    for name in ALPHA_MODELS:
+        e = cases[name][3]
+        ref = _get(single, e["single"], "gradient")
+        g_ref = np.asarray(ref["grad"])
+        assert np.abs(g_ref).max() > 0, name
+        for P in ALPHA_WORLDS:
+            for kind in ("crown", "ibp", "fast"):       # crown, ibp: `blocked` programs
+                r = _get(runs[P], e[kind], "gradient")
+                if name == "tp_mlp2" and kind != "fast":
+                    assert r["sha"] == ref["sha"], (name, kind, P)
+                np.testing.assert_allclose(r["y"], ref["y"], rtol=1e-5, atol=1e-5)
+                np.testing.assert_allclose(r["grad"], g_ref, rtol=1e-4,
+                                           atol=1e-5 * np.abs(g_ref).max())
 
 
 def _forward_of(directory):
