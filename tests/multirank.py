@@ -122,3 +122,42 @@ def assert_pairs_bitwise(pairs, single, runs, methods, label=()) -> None:
             for method in methods:
                 assert got[(m["dir"], method)]["sha"] == single[(s["dir"], method)]["sha"], \
                     (name, *label, method, P)
+
+
+# -- fsdp zoo jobs shared by test_fsdp.py and test_determinism.py ---------------------------------
+FSDP_METHODS = ["ibp", "crown", "alpha-crown"]
+FSDP_WORLDS = (1, 2, 3, 4)
+
+
+def fsdp_jobs(tmp, pairs, methods=FSDP_METHODS) -> dict:
+    """compile_pairs' fsdp pairs run the way the determinism tests need: the single programs
+    in process on 1 and on 2 threads ("t1", "t2"), the fsdp programs on P = 1..4 ranks
+    ({P: results} under "fsdp"; 2 threads per rank at P = 2), every result with its memory
+    ledger (max over ranks)."""
+    singles = [s for _, s, _ in pairs]
+    return {"pairs": pairs,
+            "t1": run_job(tmp, singles, methods, 1, threads=1, tag="t1"),
+            "t2": run_job(tmp, singles, methods, 1, threads=2, tag="t2"),
+            "fsdp": {P: run_job(tmp, [f for _, _, f in pairs], methods, P, threads=1 + (P == 2),
+                                tag="fsdp") for P in FSDP_WORLDS}}
+
+
+FSDP_ZOO_MODELS = ("mlp", "cnn_batchnorm", "residual", "cnn_avgpool", "layout_ops")
+_FSDP_ZOO: dict = {}
+
+
+def fsdp_zoo_runs(tmp_path_factory) -> dict:
+    """fsdp_jobs of the zoo models FSDP_ZOO_MODELS (and the shared networks when present),
+    compiled single and fsdp under `blocked`: computed once per process, read by
+    test_fsdp.py (bitwise for P = 1..4, resident weights, the memory plan) and by
+    test_determinism.py (threads and world sizes), which checked these same programs in
+    jobs of their own before."""
+    if not _FSDP_ZOO:
+        tmp = tmp_path_factory.mktemp("fsdp_zoo")
+        cases = zoo_cases(tmp, FSDP_ZOO_MODELS, seed=11, radius=0.2) + shared_cases()
+        pairs = compile_pairs(tmp, cases, "fsdp")
+        for name, s, f in pairs:        # full alpha-CROWN: the zoo models (blocked: the claim)
+            if name in FSDP_ZOO_MODELS:
+                s["extra_methods"] = f["extra_methods"] = ["full-alpha-crown"]
+        _FSDP_ZOO.update(fsdp_jobs(tmp, pairs))
+    return _FSDP_ZOO

@@ -2,7 +2,10 @@
 
 argv: JOB.json OUT.json. JOB lists {"dir", "lower", "upper"} entries and "methods" (bound
 methods, or "crown-prior": CROWN on a sub-box with the box's bounds as a prior; an entry's own
-"methods" replace them for that entry, its "extra_methods" run on it besides); rank 0
+methods, or "crown-prior": CROWN on a sub-box with the box's bounds as a prior; an entry's own
+"methods" list, when it has one, replaces the job's for that entry, its "extra_methods" run on
+it besides; "gradients": true, in the job or in an entry, adds forward values and input
+gradients); rank 0
 writes, per entry and method, the bounds_sha256 and the memory ledger (max over ranks), and
 the bounds themselves when JOB has "bounds": true. An entry with "specs" (spec.json files as
 `shardbound verify` writes them) is verified instead: per spec, the verdict and the SHA-256
@@ -35,7 +38,7 @@ def main(job_path, out_path):
         if "specs" in entry:
             results += _verify_all(verifier, entry, comm)
             continue
-        if job.get("gradients"):
+        if job.get("gradients") or entry.get("gradients"):
             results.append(_forward_and_gradient(verifier, entry))
         for method in entry.get("methods", job["methods"]) + entry.get("extra_methods", []):
             verifier.network.ledger.reset_peaks()

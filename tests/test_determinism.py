@@ -10,13 +10,14 @@ import pytest
 import torch
 
 from conftest import random_box
-from multirank import compile_pairs, run_job, shared_cases, zoo_cases
+from multirank import (FSDP_METHODS, compile_pairs, fsdp_jobs, fsdp_zoo_runs, shared_cases,
+                       zoo_cases)
 
 pytestmark = pytest.mark.multirank     # jobs of several processes (pyproject.toml)
 
 MODELS = ("mlp", "cnn_batchnorm", "residual", "cnn_avgpool")
-METHODS = ["ibp", "crown", "alpha-crown"]
-FULL = {"blocked": ["full-alpha-crown"], "exact": []}    # full alpha-CROWN: blocked is the claim
+METHODS = FSDP_METHODS              # IBP, CROWN, alpha-CROWN
+# full alpha-CROWN: blocked is the claim (multirank.fsdp_zoo_runs runs it on the zoo models)
 
 
 def _models(tmp):
@@ -25,25 +26,31 @@ def _models(tmp):
 
 
 @pytest.fixture(scope="module", params=["blocked", "exact"])
-def compiled(request, tmp_path_factory):
+def runs(request, tmp_path_factory):
+    """Single programs on 1 and 2 threads and fsdp programs on P = 1..4 ranks
+    (multirank.fsdp_jobs). `blocked`: test_fsdp.py's zoo programs and runs, shared
+    (multirank.fsdp_zoo_runs: the same models and layout_ops); `exact`: this file's own."""
     order = request.param
+    if order == "blocked":
+        return order, fsdp_zoo_runs(tmp_path_factory)
     tmp = tmp_path_factory.mktemp(f"det_{order}")
-    return order, tmp, compile_pairs(tmp, _models(tmp), "fsdp", summation=order)
+    return order, fsdp_jobs(tmp, compile_pairs(tmp, _models(tmp), "fsdp", summation=order))
 
 
-def test_bounds_identical_across_threads_and_world_sizes(compiled):
-    order, tmp, pairs = compiled
-    methods = METHODS + FULL[order]
-    singles = [s for _, s, _ in pairs]
-    ref = run_job(tmp, singles, methods, 1, threads=1, tag="t1")
-    two = run_job(tmp, singles, methods, 1, threads=2, tag="t2")
+def test_bounds_identical_across_threads_and_world_sizes(runs):
+    order, jobs = runs
+    pairs, ref, two = jobs["pairs"], jobs["t1"], jobs["t2"]
+    assert set(MODELS) <= {name for name, _, _ in pairs}
+    if order == "blocked":
+        assert all("full-alpha-crown" in s.get("extra_methods", ())
+                   for name, s, _ in pairs if name in MODELS)
     for name, s, _ in pairs:
-        for m in methods:
+        for m in METHODS + s.get("extra_methods", []):
             assert two[(s["dir"], m)]["sha"] == ref[(s["dir"], m)]["sha"], (order, name, m, "threads")
-    for P in (1, 2, 3, 4):
-        got = run_job(tmp, [f for _, _, f in pairs], methods, P, threads=1 + (P == 2), tag="fsdp")
+    assert sorted(jobs["fsdp"]) == [1, 2, 3, 4]
+    for P, got in jobs["fsdp"].items():   # 2 threads per rank at P = 2
         for name, s, f in pairs:
-            for m in methods:
+            for m in METHODS + s.get("extra_methods", []):
                 assert got[(f["dir"], m)]["sha"] == ref[(s["dir"], m)]["sha"], (order, name, m, P)
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from multirank import compile_pairs, run_job
+from multirank import assert_pairs_bitwise, compile_pairs, run_pairs
 from soundness import assert_within, witness_values
 from test_verify import _write_property
 
@@ -120,20 +120,30 @@ def test_verify_sat_lists_every_input_and_unsat(compiled):
             assert float(row[0] @ _onnx_outputs(model, x)) <= d + 1e-5
 
 
+MODE_METHODS = ["ibp", "crown"]
+
+
+@pytest.fixture(scope="module")
+def modes(tmp_path_factory):
+    """The model's single, fsdp and tp programs (`blocked`): the single one run in process,
+    the fsdp and tp ones in one job of 2 ranks."""
+    tmp = tmp_path_factory.mktemp("multi_io_modes")
+    onnx.save(two_in_two_out(), tmp / "m.onnx")
+    lo, hi = _box(4, 0.2)
+    case = [("multi_io", str(tmp / "m.onnx"), lo, hi)]
+    pairs = {}
+    for mode in ("fsdp", "tp"):
+        (tmp / mode).mkdir()
+        pairs[mode] = compile_pairs(tmp / mode, case, mode, summation="blocked")
+    single, runs = run_pairs(tmp, pairs["fsdp"] + pairs["tp"], MODE_METHODS, (2,))
+    return pairs, single, runs
+
+
 @pytest.mark.multirank
 @pytest.mark.parametrize("mode", ["fsdp", "tp"])
-def test_modes_bitwise_single(tmp_path, mode):
-    model = two_in_two_out()
-    onnx.save(model, tmp_path / "m.onnx")
-    lo, hi = _box(4, 0.2)
-    pairs = compile_pairs(tmp_path, [("multi_io", str(tmp_path / "m.onnx"), lo, hi)], mode,
-                          summation="blocked")
-    methods = ["ibp", "crown"]
-    single = run_job(tmp_path, [s for _, s, _ in pairs], methods, 1, tag="single")
-    fsdp = run_job(tmp_path, [f for _, _, f in pairs], methods, 2, tag=mode)
-    for name, s, f in pairs:
-        for m in methods:
-            assert fsdp[(f["dir"], m)]["sha"] == single[(s["dir"], m)]["sha"], (name, m)
+def test_modes_bitwise_single(modes, mode):
+    pairs, single, runs = modes
+    assert_pairs_bitwise(pairs[mode], single, runs, MODE_METHODS, label=(mode,))
 
 
 def test_inspect_names_the_inputs_in_order(compiled):

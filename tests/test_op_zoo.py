@@ -1,12 +1,13 @@
 """The op-family zoo (tests/zoo.py OP_ZOO: networks that mix the new ops with the old ones) in
 every mode: fsdp P = 1..4 and tp bounds bitwise equal to single mode under `blocked` (IBP,
 CROWN, alpha-CROWN), and `verify` answering a sat and an unsat property on each model
-correctly in single, fsdp and tp mode (sat counterexamples re-checked with onnxruntime, result
-files byte-identical to single mode's), plus an unsat property that needs branch and bound:
-on every model in single mode, and on one model in all three modes (branch and bound over
-ranks costs a collective per round: the suite's time budget decides). The wide tp_* models
-(zones of 260-520 channels) take part in the bitwise bounds test only. A few process
-launches in all: every model and property goes through one job per mode and P."""
+correctly in single, fsdp and tp mode on 2 ranks (sat counterexamples re-checked with
+onnxruntime, result files byte-identical to single mode's), plus an unsat property that needs
+branch and bound: on every model in single mode, and on one model in all three modes (branch
+and bound over ranks costs a collective per round: the suite's time budget decides). The wide
+tp_* models (zones of 260-520 channels) take part in the bitwise bounds test only. A few
+process launches in all: one job per mode and P runs every model's bounds, and the P = 2
+jobs (in process for single mode) verify the properties too."""
 
 from __future__ import annotations
 
@@ -78,20 +79,46 @@ def _entries(models, mode, vit=None):
     return out
 
 
-def test_fsdp_and_tp_bounds_bitwise_equal_single(op_zoo, vit):
+BOUND_WORLDS = {"single": (1,), "fsdp": (1, 2, 3, 4), "tp": (2, 3)}
+VERIFY_WORLD = {"single": 1, "fsdp": 2, "tp": 2}
+
+
+@pytest.fixture(scope="module")
+def runs(op_zoo, vit):
+    """{(mode, P): results} of one job per mode and world size: every model's bounds
+    (METHODS) on BOUND_WORLDS (and the ViT's, VIT_METHODS, single and VIT_RUNS), and the
+    properties of _properties verified on VERIFY_WORLD (tp_* models: bounds only) in the same
+    jobs, so each (mode, P) is one process launch."""
     tmp, models = op_zoo
-    single = run_job(tmp, _entries(models, "single", vit), METHODS, 1, tag="single")
-    for mode, worlds in (("fsdp", (1, 2, 3, 4)), ("tp", (2, 3))):
+    verified = {k: v for k, v in models.items() if not k.startswith("tp_")}
+    specs = {name: _properties(tmp, name, m) for name, m in verified.items()}
+    out = {}
+    for mode, worlds in BOUND_WORLDS.items():
         for P in worlds:
-            with_vit = vit if (mode, P) in VIT_RUNS else None
-            got = run_job(tmp, _entries(models, mode, with_vit), METHODS, P, tag=mode)
+            with_vit = vit if mode == "single" or (mode, P) in VIT_RUNS else None
+            entries = _entries(models, mode, with_vit)
+            if VERIFY_WORLD[mode] == P:
+                entries += [{"dir": m["dirs"][mode],
+                             "specs": [s for s, _ in specs[name] if _runs_in(mode, name, s)],
+                             "verify_timeout": 60} for name, m in verified.items()]
+            out[(mode, P)] = run_job(tmp, entries, METHODS, P, tag=f"{mode}")
+    return verified, specs, out
+
+
+def test_fsdp_and_tp_bounds_bitwise_equal_single(op_zoo, vit, runs):
+    _, models = op_zoo
+    results = runs[2]
+    single = results[("single", 1)]
+    for mode in ("fsdp", "tp"):
+        for P in BOUND_WORLDS[mode]:
+            got = results[(mode, P)]
+            for method in VIT_METHODS if (mode, P) in VIT_RUNS else ():
+                assert (got[(vit["dirs"][mode], method)]["sha"]
+                        == single[(vit["dirs"]["single"], method)]["sha"]), ("vit", mode, P, method)
             for name, m in models.items():
                 for method in METHODS:
                     assert (got[(m["dirs"][mode], method)]["sha"]
                             == single[(m["dirs"]["single"], method)]["sha"]), (name, mode, P, method)
-            for method in VIT_METHODS if with_vit else ():
-                assert (got[(vit["dirs"][mode], method)]["sha"]
-                        == single[(vit["dirs"]["single"], method)]["sha"]), ("vit", mode, P, method)
 
 
 def _properties(tmp, name, m):
@@ -134,16 +161,9 @@ def _runs_in(mode, name, spec):
     return mode == "single" or not spec.endswith("_unsat_bab.json") or name == BAB_EVERY_MODE
 
 
-def test_verify_answers_in_every_mode(op_zoo):
-    tmp, models = op_zoo
-    models = {k: v for k, v in models.items() if not k.startswith("tp_")}
-    specs = {name: _properties(tmp, name, m) for name, m in models.items()}
-    results = {}
-    for mode, P in (("single", 1), ("fsdp", 2), ("tp", 2)):
-        entries = [{"dir": m["dirs"][mode],
-                    "specs": [s for s, _ in specs[name] if _runs_in(mode, name, s)],
-                    "verify_timeout": 60} for name, m in models.items()]
-        results[mode] = run_job(tmp, entries, [], P, tag=f"verify_{mode}")
+def test_verify_answers_in_every_mode(runs):
+    models, specs, jobs = runs
+    results = {mode: jobs[(mode, P)] for mode, P in VERIFY_WORLD.items()}
     for name, m in models.items():
         for spec, expected in specs[name]:
             got = {mode: results[mode][(m["dirs"][mode], spec)] for mode in results

@@ -7,25 +7,29 @@ from __future__ import annotations
 
 import pytest
 
-from multirank import compile_pairs, run_job, zoo_cases
+from multirank import assert_pairs_bitwise, compile_pairs, run_pairs, zoo_cases
 
 METHODS = ["ibp", "crown", "alpha-crown", "crown-prior"]
+MODELS = {"fsdp": (("maxpool_cnn", "pad_avgpool_cnn"), {}),
+          "tp": (("tp_maxpool_cnn", "tp_pad_cnn"), {"tp_intermediate": "crown"})}
 
 
-def _assert_bitwise(pairs, single, got, label):
-    for name, s, other in pairs:
-        for m in METHODS:
-            assert got[(other["dir"], m)]["sha"] == single[(s["dir"], m)]["sha"], (label, name, m)
+@pytest.fixture(scope="module")
+def pooling(tmp_path_factory):
+    """Each mode's models compiled single and in that mode; the single programs run in
+    process, the fsdp and tp ones in one job of 2 ranks."""
+    tmp = tmp_path_factory.mktemp("pooling_modes")
+    pairs = {}
+    for mode, (models, options) in MODELS.items():
+        (tmp / mode).mkdir()
+        pairs[mode] = compile_pairs(tmp / mode, zoo_cases(tmp / mode, models, seed=11,
+                                                          radius=0.2), mode, **options)
+    single, runs = run_pairs(tmp, pairs["fsdp"] + pairs["tp"], METHODS, (2,))
+    return pairs, single, runs
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("mode,models,options", [
-    ("fsdp", ("maxpool_cnn", "pad_avgpool_cnn"), {}),
-    ("tp", ("tp_maxpool_cnn", "tp_pad_cnn"), {"tp_intermediate": "crown"}),
-])
-def test_bitwise_single_mode_at_p2(tmp_path, mode, models, options):
-    pairs = compile_pairs(tmp_path, zoo_cases(tmp_path, models, seed=11, radius=0.2), mode,
-                          **options)
-    single = run_job(tmp_path, [s for _, s, _ in pairs], METHODS, 1, tag="single")
-    got = run_job(tmp_path, [o for _, _, o in pairs], METHODS, 2, tag=mode)
-    _assert_bitwise(pairs, single, got, mode)
+@pytest.mark.parametrize("mode", list(MODELS))
+def test_bitwise_single_mode_at_p2(pooling, mode):
+    pairs, single, runs = pooling
+    assert_pairs_bitwise(pairs[mode], single, runs, METHODS, label=(mode,))

@@ -29,6 +29,8 @@ METHODS = ["ibp", "crown"]
 # + CROWN on a sub-box with the box's bounds as a prior (branch and bound's children: CROWN
 # only on the still-unstable neurons of each zone node); bounds of a sub-box, so not sampled.
 JOB_METHODS = METHODS + ["crown-prior"]
+ALPHA_MODELS = ("tp_mlp2", "tp_cnn")   # + alpha-CROWN and gradients, on ALPHA_WORLDS ranks
+ALPHA_WORLDS = (2, 3)
 
 
 def _models(tmp):
@@ -38,7 +40,9 @@ def _models(tmp):
 @pytest.fixture(scope="module")
 def tp(tmp_path_factory):
     """Every model compiled as single, tp --tp-intermediate ibp, tp --tp-intermediate crown
-    (and tp with --summation fast for a few), then run on P = 1..4 ranks."""
+    (and tp with --summation fast for a few), then run on P = 1..4 ranks; for the ALPHA_MODELS
+    on P = 2 and 3 also alpha-CROWN (test_tp_alpha_crown) and forward values and input
+    gradients at the box's corners and centre (test_tp_gradients_match_single_mode)."""
     tmp = tmp_path_factory.mktemp("tp")
     cases = {}
     for name, path, lo, hi in _models(tmp):
@@ -51,10 +55,18 @@ def tp(tmp_path_factory):
             progs["fast"] = compile_to(path, str(tmp / f"{name}_tpf"), mode="tp",
                                        summation="fast", tp_intermediate="ibp")
         cases[name] = (path, lo, hi, {k: box_entry(d, lo, hi) for k, d in progs.items()})
-    single = run_job(tmp, [c[3]["single"] for c in cases.values()], JOB_METHODS, 1,
-                     tag="single", bounds=True)
-    tp_entries = [e for c in cases.values() for k, e in c[3].items() if k != "single"]
-    runs = {P: run_job(tmp, tp_entries, JOB_METHODS, P, tag="tp", bounds=True)
+
+    def entries(kinds, with_alpha):
+        out = []
+        for name, (_, _, _, progs) in cases.items():
+            alpha = with_alpha and name in ALPHA_MODELS
+            out += [{**e, "methods": JOB_METHODS + ["alpha-crown"], "gradients": True}
+                    if alpha else e for k, e in progs.items() if k in kinds]
+        return out
+
+    single = run_job(tmp, entries(("single",), True), JOB_METHODS, 1, tag="single", bounds=True)
+    runs = {P: run_job(tmp, entries(("ibp", "crown", "fast"), P in ALPHA_WORLDS), JOB_METHODS, P,
+                       tag="tp", bounds=True)
             for P in (1, 2, 3, 4)}
     return cases, single, runs
 
@@ -115,6 +127,27 @@ def test_tp_default_bound_loss_from_single(tp):
     assert 1.0 < ratio["tp_mlp2"] < 3.0, ratio
     assert 1.0 < ratio["tp_mlp3"] < 4.0, ratio
     assert ratio["tp_mlp3"] > ratio["tp_mlp2"], ratio
+
+
+def test_tp_gradients_match_single_mode(tp):
+    """Forward values and input gradients (what the attacks of `verify --mode tp` follow) in
+    tp equal single mode's bit for bit under `blocked` for an MLP whose zones span several
+    ranks (the column layer's gradient is reduced in single mode's tree), and closely for a
+    conv zone and for `fast`."""
+    cases, single, runs = tp
+    for name in ALPHA_MODELS:
+        e = cases[name][3]
+        ref = _get(single, e["single"], "gradient")
+        g_ref = np.asarray(ref["grad"])
+        assert np.abs(g_ref).max() > 0, name
+        for P in ALPHA_WORLDS:
+            for kind in ("crown", "ibp", "fast"):       # crown, ibp: `blocked` programs
+                r = _get(runs[P], e[kind], "gradient")
+                if name == "tp_mlp2" and kind != "fast":
+                    assert r["sha"] == ref["sha"], (name, kind, P)
+                np.testing.assert_allclose(r["y"], ref["y"], rtol=1e-5, atol=1e-5)
+                np.testing.assert_allclose(r["grad"], g_ref, rtol=1e-4,
+                                           atol=1e-5 * np.abs(g_ref).max())
 
 
 def _forward_of(directory):
@@ -290,31 +323,16 @@ def test_tp_user_errors(tmp_path, capsys):
 
 
 
-def test_tp_alpha_crown(tmp_path):
+def test_tp_alpha_crown(tp):
     """alpha-CROWN through tp zones (the reductions are differentiable: the gradient of a
     reduced sum is local, and the gradient w.r.t. a replicated A-matrix sums every rank's part):
     with --tp-intermediate crown it is bitwise single mode's alpha-CROWN, the default is
     identical across P, fast is sound, and every variant is at least as tight as its CROWN."""
-    cases = []
-    for name in ("tp_mlp2", "tp_cnn"):
-        model, shape = zoo.build(name)
-        path = tmp_path / f"{name}.onnx"
-        onnx.save(model, path)
-        lo, hi = random_box(np.random.default_rng(5), shape, radius=0.2)
-        progs = {"single": compile_to(str(path), str(tmp_path / f"{name}_s"), mode="single"),
-                 "crown": compile_to(str(path), str(tmp_path / f"{name}_c"), mode="tp",
-                                     tp_intermediate="crown"),
-                 "ibp": compile_to(str(path), str(tmp_path / f"{name}_t"), mode="tp",
-                                   tp_intermediate="ibp"),
-                 "fast": compile_to(str(path), str(tmp_path / f"{name}_f"), mode="tp",
-                                    summation="fast", tp_intermediate="ibp")}
-        cases.append((name, lo, hi, {k: box_entry(d, lo, hi) for k, d in progs.items()}))
-    methods = ["crown", "alpha-crown"]
-    single = run_job(tmp_path, [c[3]["single"] for c in cases], methods, 1, tag="as")
-    entries = [e for c in cases for k, e in c[3].items() if k != "single"]
-    runs = {P: run_job(tmp_path, entries, methods, P, tag="at", bounds=True) for P in (2, 3)}
-    for name, lo, hi, e in cases:
-        want = single[(e["single"]["dir"], "alpha-crown")]["sha"]
+    cases, single, all_runs = tp
+    runs = {P: all_runs[P] for P in ALPHA_WORLDS}
+    for name in ALPHA_MODELS:
+        _, lo, hi, e = cases[name]
+        want = _get(single, e["single"], "alpha-crown")["sha"]
         forward = _forward_of(e["single"]["dir"])
         for P, got in runs.items():
             assert _get(got, e["crown"], "alpha-crown")["sha"] == want, (name, P)

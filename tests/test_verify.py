@@ -34,6 +34,31 @@ def _verify(args, timeout=120):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def _verify_in_process(args):
+    """`shardbound verify ARGS` called from Python (the CLI's own entry point, which counts
+    the budget from the call, runs single mode in this process and leaves through
+    SystemExit): the single-mode reference runs that multi-rank verify runs are compared
+    with, without starting an interpreter and importing torch again. Same fields as
+    subprocess.run's result; torch's thread count is restored afterwards."""
+    import contextlib
+    import io
+
+    from shardbound.compiler.cli import main
+
+    assert "--nproc" not in args and "--mode" not in args, "ranks need a real process"
+    out, err, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main(["verify", *args])
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        torch.set_num_threads(threads)
+    return subprocess.CompletedProcess(["verify", *args], code, out.getvalue(), err.getvalue())
+
+
 @pytest.fixture(scope="module")
 def small_net(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("verify")
@@ -175,7 +200,8 @@ def test_relu_split_verdict_single_and_fsdp(tmp_path):
     d = found - 0.6 * (found - lb)      # a few dozen domains: 2 ranks exchange per batch
     _write_property(tmp_path / "p.vnnlib", lower, upper, row, [d])
     for extra in ([], ["--mode", "fsdp", "--nproc", "2", "--summation", "blocked"]):
-        res = _verify([str(path), str(tmp_path / "p.vnnlib"), "--timeout", "100", *extra])
+        argv = [str(path), str(tmp_path / "p.vnnlib"), "--timeout", "100", *extra]
+        res = _verify(argv) if extra else _verify_in_process(argv)   # ranks: the real command
         assert res.returncode == 0, res.stderr
         assert res.stdout.splitlines()[0] == "unsat", (extra, res.stdout)
         assert LABELS["relu-split"] in res.stdout      # the final line names the stage

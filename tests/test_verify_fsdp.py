@@ -11,7 +11,7 @@ import pytest
 
 import zoo
 from multirank import compile_to
-from test_verify import _verify, _write_property
+from test_verify import _verify, _verify_in_process, _write_property
 
 pytestmark = pytest.mark.multirank     # jobs of several processes (pyproject.toml)
 
@@ -49,9 +49,12 @@ def test_fsdp_verdicts_and_counterexamples_equal_single(properties, prop):
     for P in (1, 2, 3, 4):
         mode = "single" if P == 1 else "fsdp"
         out = tmp / f"{prop}_{P}.txt"
-        res = _verify([path, vnnlib, "--mode", mode, "--nproc", str(P), "--summation", "blocked",
-                       "--stream-chunk-kib", "1", "--result", str(out), "-q",
-                       "-o", str(tmp / f"{prop}_{mode}")], timeout=300)
+        args = [path, vnnlib, "--summation", "blocked", "--stream-chunk-kib", "1",
+                "--result", str(out), "-q", "-o", str(tmp / f"{prop}_{mode}")]
+        if P == 1:      # the single-mode reference: the CLI called in this process
+            res = _verify_in_process(args)
+        else:           # the command itself, launching P ranks
+            res = _verify(args + ["--mode", mode, "--nproc", str(P)], timeout=300)
         assert res.returncode == 0, res.stderr
         results[P] = out.read_bytes()
     assert results[1].decode().splitlines()[0] == prop

@@ -11,8 +11,8 @@ Softsign (and torch's export of it, Div(x, Add(Abs(x), 1))).
   their slopes) and are tight on narrow intervals;
 - alpha-CROWN's gradients reach the intercepts under every summation order, and it beats
   CROWN on the zoo models;
-- fsdp P = 2 and tp (a Sigmoid in a Megatron zone, --tp-intermediate crown) P = 2, 3 are
-  bitwise single mode under `blocked`.
+- the Sigmoid sits inside a tp zone (its models run bitwise in fsdp and tp in
+  tests/test_op_zoo.py, with the rest of OP_ZOO).
 
 `python tests/ops/test_smooth.py [RADIUS ...]` prints the IBP / CROWN / alpha-CROWN margin
 lower bounds of the zoo models on boxes of those radii.
@@ -345,36 +345,10 @@ def test_intercept_gradients_reach_alpha(tmp_path, order):
     assert a.grad is not None and float(a.grad.abs().sum()) > 0
 
 
-# -- fsdp and tp: bitwise single mode ------------------------------------------------------------
-FSDP_MODELS = ("sigmoid_mlp", "tanh_mlp")
-MULTIRANK_METHODS = ["ibp", "crown", "alpha-crown"]
-
-
-@pytest.fixture(scope="module")
-def multirank(tmp_path_factory):
-    """fsdp programs of the Sigmoid and Tanh MLPs and a tp program (--tp-intermediate crown)
-    of a Sigmoid inside a Megatron zone, each next to its single-mode program; one job on
-    P = 2 and one on P = 3 ranks run all of them (process launches are the cost)."""
-    from multirank import compile_pairs, run_pairs, zoo_cases
-
-    tmp = tmp_path_factory.mktemp("smooth_multirank")
-    fsdp = compile_pairs(tmp, zoo_cases(tmp, FSDP_MODELS, seed=11, radius=0.2), "fsdp")
-    tp = compile_pairs(tmp, zoo_cases(tmp, ("tp_sigmoid",), seed=5, radius=0.2), "tp",
-                       tp_intermediate="crown")
-    pairs = {"fsdp": fsdp, "tp": tp}
-    single, runs = run_pairs(tmp, fsdp + tp, MULTIRANK_METHODS, (2, 3))
-    return pairs, single, runs
-
-
-@pytest.mark.multirank
-@pytest.mark.parametrize("mode", ["fsdp", "tp"])
-def test_multirank_bitwise_single(multirank, mode):
-    from multirank import assert_pairs_bitwise
-
-    pairs, single, runs = multirank
-    assert_pairs_bitwise(pairs[mode], single, runs, MULTIRANK_METHODS, label=(mode,))
-
-
+# -- fsdp and tp --------------------------------------------------------------------------------
+# sigmoid_mlp, tanh_mlp and tp_sigmoid (a Sigmoid inside a Megatron zone) are OP_ZOO models:
+# tests/test_op_zoo.py checks them bitwise against single mode in fsdp P = 1..4 and tp
+# (--tp-intermediate crown) P = 2, 3 under `blocked` (IBP, CROWN, alpha-CROWN).
 def test_tp_zone_holds_the_sigmoid(tmp_path):
     import zoo
     from shardbound.compiler.driver import inspect_model
