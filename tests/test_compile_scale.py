@@ -53,8 +53,8 @@ def _full_replay_peak(nodes, output, world, batch, spec_rows, shard_rows, chunk)
     held = sum(2 * batch * mm.math.prod(n.shape) * 4 for n in nodes if not n.traits.is_view)
     starts = (world, bool(shard_rows) and chunk is not None, chunk or 0)
     for t, S, eye, bounds in mm._passes(nodes, index, batch, rows, held, output, spec_rows, None):
-        peak = max(peak, resident + bounds + mm._backward_peak(nodes, index, gathered, t, S, eye,
-                                                               batch, starts))
+        got, _ = mm._backward_peak(nodes, index, gathered, t, S, eye, batch, starts)
+        peak = max(peak, resident + bounds + got)
     return peak
 
 
