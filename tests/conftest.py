@@ -50,12 +50,17 @@ def random_box(rng, shape, radius=0.1, center_scale=1.0):
     return center - r, center + r
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Work units for `pytest -n 2 --dist loadgroup` (pyproject.toml addopts): every test that
-    starts a job of several processes in one group, run one after another on one worker (two
-    jobs of 2-4 ranks at once would oversubscribe the two cores, and the timeout tests would
-    measure the contention), every other test file a group of its own (its module fixtures,
-    such as compiled programs, built once)."""
+    """Work units for `pytest -n 2 --dist loadgroup` (pyproject.toml addopts): every test file
+    is a group of its own (its module fixtures, such as compiled programs and whole multi-rank
+    jobs, built once), unless its tests name a group themselves (`xdist_group`: files that
+    share a process-level cache, such as multirank.fsdp_zoo_runs). Measured on 2 idle cores:
+    one serial group for every multi-rank test made that group the critical path (487 s
+    against 470 s for no groups at all). tryfirst: xdist's worker adds the group to each test's
+    id in its own collection hook, which would otherwise run before this one and see no group
+    (every test was then handed out alone, its file's module fixtures built on both
+    workers)."""
     for item in items:
-        group = "multirank" if item.get_closest_marker("multirank") else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))

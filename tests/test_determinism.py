@@ -13,7 +13,9 @@ from conftest import random_box
 from multirank import (FSDP_METHODS, compile_pairs, fsdp_jobs, fsdp_zoo_runs, shared_cases,
                        zoo_cases)
 
-pytestmark = pytest.mark.multirank     # jobs of several processes (pyproject.toml)
+# jobs of several processes (pyproject.toml); one xdist group with test_fsdp.py, whose blocked
+# zoo jobs it reads (multirank.fsdp_zoo_runs, a per-process cache)
+pytestmark = [pytest.mark.multirank, pytest.mark.xdist_group("fsdp_zoo")]
 
 MODELS = ("mlp", "cnn_batchnorm", "residual", "cnn_avgpool")
 METHODS = FSDP_METHODS              # IBP, CROWN, alpha-CROWN

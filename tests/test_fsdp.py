@@ -19,6 +19,10 @@ import zoo
 from conftest import SHARED, random_box
 from multirank import FSDP_METHODS, FSDP_ZOO_MODELS, compile_to, fsdp_zoo_runs
 
+# one xdist group with test_determinism.py, which reads the same blocked zoo jobs
+# (multirank.fsdp_zoo_runs, a per-process cache)
+pytestmark = pytest.mark.xdist_group("fsdp_zoo")
+
 
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory):
