@@ -46,10 +46,11 @@ import tempfile
 import time
 
 OPSET = 13
-MODELS = ("acasxu", "mnist256x2", "mlp1024", "mlp4096", "cnn", "resnet")
+MODELS = ("acasxu", "mnist256x2", "mlp1024", "mlp4096", "cnn", "resnet", "sigmoid_mlp",
+          "tanh_mlp")
 METHODS = ("crown", "alpha-crown", "full-alpha-crown")
 EPS = {"acasxu": 0.05, "mnist256x2": 0.02, "mlp1024": 0.01, "mlp4096": 0.005, "cnn": 0.005,
-       "resnet": 0.005}
+       "resnet": 0.005, "sigmoid_mlp": 0.02, "tanh_mlp": 0.01}
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 
@@ -111,13 +112,13 @@ class _Graph:
         return model
 
 
-def _mlp(rng, widths):
+def _mlp(rng, widths, activation="Relu"):
     g = _Graph(rng, (widths[0],))
     h = "x"
     for i, (n_in, n_out) in enumerate(zip(widths[:-1], widths[1:])):
         h = g.gemm(h, n_in, n_out)
         if i < len(widths) - 2:
-            h = g.op("Relu", [h])
+            h = g.op(activation, [h])
     return g.build(h, widths[-1]), g.input_shape
 
 
@@ -158,6 +159,8 @@ def build_model(name: str, seed: int):
         return _cnn(rng)
     if name == "resnet":
         return _resnet(rng)
+    if name in ("sigmoid_mlp", "tanh_mlp"):        # issue 15: smooth activations
+        return _mlp(rng, [784, 256, 256, 10], activation=name.split("_")[0].capitalize())
     raise KeyError(name)
 
 
@@ -262,7 +265,7 @@ class _LirpaTool:
 
 def _torch_module(path: str):
     """A torch.nn.Module that evaluates the benchmark's ONNX graphs (Gemm transB=1, Conv,
-    Relu, Add, Flatten): auto_LiRPA has no ONNX loader."""
+    Relu, Sigmoid, Tanh, Add, Flatten): auto_LiRPA has no ONNX loader."""
     import onnx
     import torch
     from onnx import numpy_helper
@@ -290,6 +293,10 @@ def _torch_module(path: str):
                     layer.weight.data, layer.bias.data = w, b
                 elif node.op_type == "Relu":
                     layer = torch.nn.ReLU()
+                elif node.op_type == "Sigmoid":
+                    layer = torch.nn.Sigmoid()
+                elif node.op_type == "Tanh":
+                    layer = torch.nn.Tanh()
                 elif node.op_type == "Flatten":
                     layer = torch.nn.Flatten()
                 elif node.op_type == "Add":

@@ -13,6 +13,7 @@ import torch
 
 import zoo
 from conftest import random_box
+from test_intermediate_alpha import _node_values
 from soundness import assert_sound
 
 MODELS = {
@@ -40,18 +41,6 @@ def networks(tmp_path_factory):
 def _box(shape, seed, radius):
     return tuple(torch.from_numpy(t).reshape(1, *shape)
                  for t in random_box(np.random.default_rng(seed), shape, radius=radius))
-
-
-def _node_values(net, name):
-    def forward(x):
-        vals = {}
-        for n in net.nodes:
-            vals[n.name] = (n.forward(*(vals[i] for i in n.inputs)) if n.inputs
-                            else x.reshape(-1, *net.input_shape))
-            if n.name == name:
-                return vals[name].reshape(x.shape[0], -1)
-        raise KeyError(name)
-    return forward
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

@@ -23,10 +23,9 @@ pytestmark = pytest.mark.multirank     # jobs of several processes (pyproject.to
 
 METHODS = ["ibp", "crown", "alpha-crown"]
 # The tiny ViT (tests/zoo.py vit_tiny, issue 15) joins the bitwise jobs of these modes and
-# rank counts only, with these methods (its alpha-CROWN would double the jobs' time; P = 3
-# passed too, left out for the suite's time budget); it is not in OP_ZOO, so the verify jobs
-# leave it out (tests/test_vit.py verifies it).
-VIT_RUNS = {("fsdp", 2), ("tp", 2)}
+# rank counts only, with these methods (its alpha-CROWN would double the jobs' time); it is
+# not in OP_ZOO, so the verify jobs leave it out (tests/test_vit.py verifies it).
+VIT_RUNS = {("fsdp", 2), ("fsdp", 3), ("tp", 2)}
 VIT_METHODS = ["ibp", "crown"]
 BAB_EVERY_MODE = "leaky_residual"      # the model whose branch-and-bound property runs in all modes
 RADIUS = 0.15
