@@ -380,11 +380,13 @@ class _Worker:
         self._read()
 
     def _read(self):
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"worker {self.tool} ({self.method}) exited "
-                               f"(code {self.proc.wait()})")
-        return json.loads(line)
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"worker {self.tool} ({self.method}) exited "
+                                   f"(code {self.proc.wait()})")
+            if line.startswith("{"):        # auto_LiRPA prints notes of its own to stdout
+                return json.loads(line)
 
     def bound(self):
         self.proc.stdin.write(json.dumps({"do": "bound", "method": self.method}) + "\n")
