@@ -70,7 +70,8 @@ import sys
 import tempfile
 import time
 
-OPSET = 13
+from onnx_graph import Graph
+
 MIB = 1024.0 * 1024.0
 TARGET = {2: 0.55, 4: 0.30}
 PUBLISHED = "published FSDP: 0.61-0.66x"
@@ -80,83 +81,23 @@ COMPILES = ("single", "fsdp", "fsdp-fast")     # directory names under each mode
 
 # ----------------------------------------------------------------------------- models
 
-class _Graph:
-    """A minimal onnx.helper graph builder (one float input `x`, one output)."""
-
-    def __init__(self, rng, input_shape):
-        self.rng = rng
-        self.input_shape = tuple(input_shape)
-        self.nodes, self.inits = [], []
-        self.count = 0
-
-    def const(self, array) -> str:
-        import numpy as np
-        from onnx import numpy_helper
-
-        self.count += 1
-        name = f"c{self.count}"
-        self.inits.append(numpy_helper.from_array(np.asarray(array, dtype=np.float32), name))
-        return name
-
-    def op(self, op_type, inputs, **attrs) -> str:
-        from onnx import helper
-
-        self.count += 1
-        out = f"t{self.count}"
-        self.nodes.append(helper.make_node(op_type, list(inputs), [out],
-                                           name=f"{op_type.lower()}{self.count}", **attrs))
-        return out
-
-    def weight(self, *shape):
-        import numpy as np
-
-        fan_in = int(np.prod(shape[1:]))
-        return self.rng.normal(0, 1.0 / np.sqrt(fan_in), size=shape).astype(np.float32)
-
-    def bias(self, n):
-        import numpy as np
-
-        return self.rng.normal(0, 0.1, size=(n,)).astype(np.float32)
-
-    def gemm(self, x, n_in, n_out) -> str:
-        return self.op("Gemm", [x, self.const(self.weight(n_out, n_in)),
-                                self.const(self.bias(n_out))], transB=1)
-
-    def conv(self, x, c_in, c_out, k, stride, pad) -> str:
-        return self.op("Conv", [x, self.const(self.weight(c_out, c_in, k, k)),
-                                self.const(self.bias(c_out))],
-                       kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4)
-
-    def build(self, out: str, n_out: int):
-        import onnx
-        from onnx import TensorProto, helper
-
-        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, *self.input_shape])
-        y = helper.make_tensor_value_info(out, TensorProto.FLOAT, [1, n_out])
-        graph = helper.make_graph(self.nodes, "fsdp_memory", [x], [y], self.inits)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-        model.ir_version = 8
-        onnx.checker.check_model(model)
-        return model
-
-
 def build_mlp(rng, widths):
-    g = _Graph(rng, (widths[0],))
+    g = Graph(rng, (widths[0],))
     h = "x"
     for i, (n_in, n_out) in enumerate(zip(widths[:-1], widths[1:])):
         h = g.gemm(h, n_in, n_out)
         if i < len(widths) - 2:
             h = g.op("Relu", [h])
-    return g.build(h, widths[-1]), g.input_shape
+    return g.build(h, widths[-1], "fsdp_memory"), g.input_shape
 
 
 def build_cnn(rng):
-    g = _Graph(rng, (3, 32, 32))
+    g = Graph(rng, (3, 32, 32))
     h = g.op("Relu", [g.conv("x", 3, 32, 3, 2, 1)])      # 32x16x16
     h = g.op("Relu", [g.conv(h, 32, 64, 3, 2, 1)])       # 64x8x8
     h = g.op("Flatten", [h], axis=1)
     h = g.op("Relu", [g.gemm(h, 64 * 8 * 8, 512)])
-    return g.build(g.gemm(h, 512, 10), 10), g.input_shape
+    return g.build(g.gemm(h, 512, 10), 10, "fsdp_memory"), g.input_shape
 
 
 # ----------------------------------------------------------------------------- runs

@@ -39,31 +39,24 @@ import time
 
 import numpy as np
 
+from onnx_graph import Graph
+
 MIB = 1 << 20
 
 
 # -- models ------------------------------------------------------------------------------------
 
-class _Onnx:
-    """A small graph builder. Initializers over EXTERNAL_BYTES go straight to one external
+class _Onnx(Graph):
+    """onnx_graph.Graph whose initializers over EXTERNAL_BYTES go straight to one external
     data file (`path`.data), written block by block as they are drawn, so building a 2 GiB
     model holds one block in memory, not the model three times (array, proto, serialised)."""
 
     EXTERNAL_BYTES = 16 << 20
 
     def __init__(self, rng, input_shape, path):
-        self.rng, self.input_shape = rng, tuple(input_shape)
-        self.nodes, self.inits, self.count = [], [], 0
+        super().__init__(rng, input_shape)
         self.path, self.location = path, os.path.basename(path) + ".data"
         self.data = None
-
-    def const(self, array) -> str:
-        from onnx import numpy_helper
-
-        self.count += 1
-        name = f"c{self.count}"
-        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array, np.float32), name))
-        return name
 
     def external(self, shape, blocks) -> str:
         """An initializer of `shape` whose rows come from `blocks` (arrays of whole rows)."""
@@ -84,15 +77,6 @@ class _Onnx:
             entry.key, entry.value = key, value
         self.inits.append(t)
         return name
-
-    def op(self, op_type, inputs, **attrs) -> str:
-        from onnx import helper
-
-        self.count += 1
-        out = f"t{self.count}"
-        self.nodes.append(helper.make_node(op_type, list(inputs), [out],
-                                           name=f"{op_type.lower()}{self.count}", **attrs))
-        return out
 
     def normal(self, shape, fan_in):
         w = self.rng.standard_normal(shape, dtype=np.float32)
@@ -118,15 +102,10 @@ class _Onnx:
 
     def save(self, out, n_out):
         import onnx
-        from onnx import TensorProto, helper
 
         if self.data is not None:
             self.data.close()
-        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, *self.input_shape])
-        y = helper.make_tensor_value_info(out, TensorProto.FLOAT, [1, n_out])
-        model = helper.make_model(helper.make_graph(self.nodes, "scale", [x], [y], self.inits),
-                                  opset_imports=[helper.make_opsetid("", 13)])
-        onnx.save(model, self.path)
+        onnx.save(self.model(out, n_out, "scale"), self.path)
 
 
 def _spec(b: _Onnx, y, n_out: int, rows: int) -> str:
