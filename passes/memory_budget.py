@@ -71,13 +71,15 @@ class BudgetPlan(Annotation):
     peak_node: str
     tried: int
     bab_batch: int = 0
+    spec_rows: int = 0              # the property's rows planned for (0: one per output)
 
     def text(self) -> str:
         tile = f"row tile {self.row_tile}" if self.row_tile else "whole rows"
         chunk = f", stream chunk {self.stream_chunk_kib} KiB" if self.mode == "fsdp" else ""
         bab = f", bab batch {self.bab_batch}" if self.bab_batch else ""
+        spec = f", {self.spec_rows} spec rows" if self.spec_rows else ""
         return (f"--memory-budget {format_bytes(self.budget)} per rank -> {self.mode} P="
-                f"{self.nproc}, {tile}{chunk}{bab}: predicted peak per rank "
+                f"{self.nproc}, {tile}{chunk}{bab}{spec}: predicted peak per rank "
                 f"{format_bytes(self.peak_bytes)} ({self.method}, at {self.peak_node}), "
                 f"resident {format_bytes(self.resident_bytes)}; candidate {self.tried} in "
                 "order")
@@ -192,8 +194,10 @@ def choose(shapes, output: str, options, source: str = "model", tp: TpShapes | N
     """The first candidate whose predicted peak fits `options.memory_budget`, or a one-line
     ShardboundError with the smallest predicted peak. `tp`: the network as tp sees it (None:
     tp is not offered); `spec_rows`: the property's rows of the final pass (verify: its C
-    rows; None: the identity over the outputs)."""
+    rows; default `options.spec_rows`; None: the identity over the outputs)."""
     budget = int(options.memory_budget)
+    if spec_rows is None:
+        spec_rows = options.spec_rows
     if options.mode_given and options.mode == "tp" and tp is None:
         raise ShardboundError(f"{source}: --memory-budget with --mode tp: tp does not run "
                               f"--summation {options.summation}; plan with blocked or fast")
@@ -238,7 +242,8 @@ def choose(shapes, output: str, options, source: str = "model", tp: TpShapes | N
                               int(pred["resident_param_bytes"]),
                               int(pred["peak_tracked_bytes"]), pred["method"],
                               pred["peak_node"], at,
-                              _bab_batch(shapes, output, cand, options, budget, ms, tp))
+                              _bab_batch(shapes, output, cand, options, budget, ms, tp,
+                                         spec_rows), spec_rows or 0)
     if smallest is None:
         raise ShardboundError(f"{source}: --memory-budget: no plan to try (mode "
                               f"{options.mode}, --nproc {options.nproc})")
@@ -255,7 +260,8 @@ def choose(shapes, output: str, options, source: str = "model", tp: TpShapes | N
         f"budget to at least that, plan for {more}, or bound with --method ibp")
 
 
-def _bab_batch(shapes, output, cand, options, budget, methods, tp=None) -> int:
+def _bab_batch(shapes, output, cand, options, budget, methods, tp=None,
+               spec_rows=None) -> int:
     """verify: the most branch-and-bound domains per batch whose run fits: beta-CROWN's
     figure when one is registered (BAB_METHOD), else alpha-CROWN's at that batch (a domain
     is one box of the batch: its slopes, bounds and A-matrices)."""
@@ -263,7 +269,7 @@ def _bab_batch(shapes, output, cand, options, budget, methods, tp=None) -> int:
         return 0
     method = BAB_METHOD if BAB_METHOD in METHOD_MODELS and cand.mode != "tp" else "alpha-crown"
     for b in BAB_BATCHES:
-        if predict(shapes, output, cand, options, method, batch=b, tp=tp)[
+        if predict(shapes, output, cand, options, method, batch=b, spec_rows=spec_rows, tp=tp)[
                 "peak_tracked_bytes"] <= budget:
             return b
     return 1
