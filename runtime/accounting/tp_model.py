@@ -256,7 +256,7 @@ def _step_collective(node, place, split, batch, S, local) -> int:
 
 def _backward_peak(nodes, index, places, splits, t, S, start, local, batch):
     """memory_model._backward_peak on this rank's shapes, with the step's reduction buffers
-    alive with its inputs (and, where the two sides are separate, the first side's output)."""
+    alive with the A-matrices before it."""
     target = nodes[t]
     if start == "inputs":
         while (target.traits.is_view and len(target.inputs) == 1
@@ -291,11 +291,11 @@ def _backward_peak(nodes, index, places, splits, t, S, start, local, batch):
                 produced = (size, size, old[2] and produced[2])
             live[name] = produced
         place = places.get(node.name)
+        # While a reduction runs the ledger holds the A-matrices before the step and its
+        # buffers (a first side's finished product is on it only once the step returns).
         coll = _step_collective(node, place, splits.get(node.name), batch, S, local)
-        if coll:
-            first_side = 0 if shared else new_bytes // 2
-            if a_prev + first_side + coll > peak:
-                peak, at = a_prev + first_side + coll, j
+        if a_prev + coll > peak:
+            peak, at = a_prev + coll, j
         if a_prev + new_bytes > peak:
             peak, at = a_prev + new_bytes, j
         a_now = sum(l + (0 if sh else u) for l, u, sh in live.values())
