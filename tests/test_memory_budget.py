@@ -309,3 +309,21 @@ def test_verify_plans_with_the_property_rows(mlp, monkeypatch, capsys):
     with_rows = predict(shapes, output, cand, options, plan.method, spec_rows=3)
     assert plan.peak_bytes == with_rows["peak_tracked_bytes"]
     assert with_rows != predict(shapes, output, cand, PassOptions(), plan.method)
+
+
+def test_tp_run_over_its_budget_stops_before_allocating(tp_net, tmp_path):
+    """The run-time guard predicts tp runs too (the largest rank's peak): a tp program run
+    under a budget below its prediction stops before the first pass, naming the node."""
+    from shardbound.compiler.driver import compile_model
+    from shardbound.passes.manager import PassOptions
+    from shardbound.runtime import load
+    from shardbound.runtime.accounting.ledger import MemoryBudgetExceeded
+
+    out = tmp_path / "tp_prog"
+    compile_model(tp_net[0], str(out), PassOptions(mode="tp"))
+    lo, hi = random_box(np.random.default_rng(2), (8,), 0.2)
+    v = load(str(out), memory_budget=1 << 20)        # resident weights fit, CROWN does not
+    with pytest.raises(MemoryBudgetExceeded) as e:
+        v.bounds(lo, hi, method="crown")
+    assert "this crown run needs" in str(e.value) and "stopped before allocating" in str(e.value)
+    assert v.network.ledger.peak["a_matrix"] == 0

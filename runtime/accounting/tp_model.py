@@ -171,10 +171,8 @@ def _rank_peak(nodes, places, splits, output, world, batch, spec_rows, method, c
             coll = splits[node.name].collective(batch * math.prod(node.shape), X)
             if resident + ibp_bytes + coll > peak:
                 peak, where = resident + ibp_bytes + coll, ("ibp", node.name)
-        if not node.traits.is_view and node.inputs:
+        if not node.traits.is_view:     # the input's: the box itself
             ibp_bytes += 2 * batch * math.prod(node.shape) * F32
-        elif not node.traits.is_view:
-            ibp_bytes += 2 * batch * math.prod(node.shape) * F32     # the box itself
         if resident + ibp_bytes > peak:
             peak, where = resident + ibp_bytes, ("ibp", node.name)
     if method == "ibp":
