@@ -327,3 +327,21 @@ def test_tp_run_over_its_budget_stops_before_allocating(tp_net, tmp_path):
         v.bounds(lo, hi, method="crown")
     assert "this crown run needs" in str(e.value) and "stopped before allocating" in str(e.value)
     assert v.network.ledger.peak["a_matrix"] == 0
+
+
+def test_a_verify_run_over_its_budget_stops_on_the_property_rows(program, mlp, capsys):
+    """`run --verify SPEC` checks each case's own C rows against the budget before bounding."""
+    from shardbound.compiler.cli import main
+    from shardbound.compiler.vnnlib import parse_vnnlib
+    from shardbound.runtime.verification.spec import spec_from_property
+
+    out, tmp = program[0], mlp[3]
+    prop = tmp / "three_rows_run.vnnlib"
+    prop.write_text(VNNLIB_3_ROWS)
+    spec = tmp / "spec.json"
+    spec.write_text(spec_from_property(parse_vnnlib(str(prop))).to_json())
+    with pytest.raises(SystemExit) as e:
+        main(["run", out, "--verify", str(spec), "--memory-budget", "6KiB", "--quiet"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: memory budget exceeded: this crown run")
