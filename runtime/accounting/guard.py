@@ -4,7 +4,9 @@ The ledger (ledger.py) stops a run the moment its tracked bytes would pass the b
 check comes first: it predicts the run's per-rank peak with the memory model (every neuron
 bounded: the most a run can take) and refuses a run that cannot fit before anything is
 allocated, naming the node of the predicted peak. Every rank predicts the same number (the
-model is per rank), so every rank of a job stops alike, without a collective.
+model is per rank; tp: every rank predicts the largest rank's peak, tp_model.py), so every
+rank of a job stops alike, without a collective. `Network.bounds` checks its boxes and spec;
+verify's stages check each case's own C rows (runtime/verification/verdict.py).
 """
 
 from __future__ import annotations
