@@ -284,9 +284,8 @@ def _backward_peak(nodes, index, places, splits, t, S, start, local, batch):
             else:
                 produced = (size, size, shared and kept == "shared")
                 new_bytes += size * (1 if produced[2] else 2)
-            if name in live:
-                old = live[name]
-                produced = (size, size, old[2] and produced[2])
+            if name in live:    # summed into new tensors, one per side (Network._propagate)
+                produced = (size, size, False)
             live[name] = produced
         place = places.get(node.name)
         # While a reduction runs the ledger holds the A-matrices before the step and its
