@@ -13,8 +13,10 @@ them) so CROWN's final pass has few rows. Then:
    the fewest ranks that fit), and `inspect --mode single --memory-budget B` (refused: one
    line with the smallest peak);
 2. each P of `--nprocs` (1 = single mode, compiled without a budget: the budget lifted; P > 1
-   = the fsdp program run with `--nproc P`, the budget enforced by the ledger) and each
-   method: resident, peak tracked per rank (measured and predicted), peak RSS, wall time,
+   = the fsdp program, and with `--modes fsdp,tp` the tp program (compiled `--mode tp
+   --tp-intermediate ibp --memory-budget B --nproc max(P)`: the MLP's first two layers are
+   one zone), run with `--nproc P`, the budget enforced by the ledger) and each method:
+   resident, peak tracked per rank (measured and predicted), peak RSS, wall time,
    bounds_sha256; single mode under the budget is refused by the run-time guard;
 3. the table in Markdown, with "= single" (bitwise, under blocked).
 
@@ -24,6 +26,7 @@ fits them only in row tiles, and their time (W^3 flops for the MLP's streamed se
 every neuron of every conv layer for the ResNet) is out of reach on 2 shared cores.
 
     python3 bench/scale.py --model mlp --width 23170 --budget 768MiB --nprocs 1,3,4
+    python3 bench/scale.py --model mlp --width 23170 --budget 640MiB --nprocs 1,4 --modes tp
     python3 bench/scale.py --model resnet --budget 48MiB --nprocs 1,2,4
 """
 
@@ -168,6 +171,7 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", default="768MiB", help="--memory-budget per rank")
     ap.add_argument("--nprocs", default="1,4")
     ap.add_argument("--methods", default="crown,alpha-crown")
+    ap.add_argument("--modes", default="fsdp", help="sharded modes run for P > 1: fsdp, tp")
     ap.add_argument("--intermediate", default="ibp", choices=("ibp", "crown"))
     ap.add_argument("--eps", type=float, default=1 / 255)
     ap.add_argument("--threads", type=int, default=1)
@@ -197,7 +201,9 @@ def main(argv=None) -> int:
     common = ["--summation", "blocked", "--intermediate", args.intermediate,
               "--max-elements", str(1 << 30), "--method", planned_for, "--quiet"]
     fsdp_dir, single_dir = os.path.join(work, "fsdp"), os.path.join(work, "single")
+    tp_dir = os.path.join(work, "tp")
     nprocs = [int(p) for p in args.nprocs.split(",")]
+    modes = args.modes.split(",")
     lines = []
     if not args.skip_single_plan:
         p, dt = _cli(["inspect", model, "--mode", "single", "--memory-budget", args.budget,
@@ -205,7 +211,18 @@ def main(argv=None) -> int:
         lines.append(f"planner, --mode single: {(p.stderr or p.stdout).strip().splitlines()[-1]}"
                      f" (exit {p.returncode}, {dt:.0f} s)")
         print("#", lines[-1], flush=True)
-    if any(P > 1 for P in nprocs):
+    if "tp" in modes and any(P > 1 for P in nprocs):
+        p, dt = _cli(["compile", model, "-o", tp_dir, "--mode", "tp", "--tp-intermediate", "ibp",
+                      "--memory-budget", args.budget, "--nproc", str(max(nprocs)),
+                      *[c for c in common if c != "--quiet"]])
+        if p.returncode != 0:
+            print(p.stderr.strip())
+            return p.returncode
+        plan = [ln for ln in p.stdout.splitlines() if ln.startswith("plan:")]
+        lines.append(f"planner, --mode tp (compile, {dt:.0f} s): "
+                     f"{plan[-1] if plan else p.stdout.strip()}")
+        print("#", lines[-1], flush=True)
+    if "fsdp" in modes and any(P > 1 for P in nprocs):
         p, dt = _cli(["compile", model, "-o", fsdp_dir, "--memory-budget", args.budget,
                       *[c for c in common if c != "--quiet"]])
         if p.returncode != 0:
@@ -226,27 +243,29 @@ def main(argv=None) -> int:
             return p.returncode
         print(f"# compiled single in {dt:.0f} s", flush=True)
     rows, single_sha = [], {}
+    runs = [(P, "single" if P == 1 else mode) for P in nprocs for mode in
+            (["single"] if P == 1 else modes)]
     for method in methods:
-        for P in nprocs:
-            d = single_dir if P == 1 else fsdp_dir
-            out = os.path.join(work, f"run_{method}_{P}.json")
+        for P, mode in runs:
+            d = {"single": single_dir, "fsdp": fsdp_dir, "tp": tp_dir}[mode]
+            out = os.path.join(work, f"run_{method}_{mode}_{P}.json")
             cmd = ["run", d, "--box", box, "--json", out, "--method", method,
                    "--threads", str(args.threads), "--quiet", "--collective-timeout", "3600"]
             if P > 1:
                 cmd += ["--nproc", str(P)]
             p, dt = _cli(cmd)
             if p.returncode != 0:
-                rows.append((method, P, None, dt, (p.stderr or "").strip()[:300]))
-                print(f"# {method} P={P}: exit {p.returncode}: {p.stderr.strip()[:300]}",
-                      flush=True)
+                rows.append((method, P, None, dt, (p.stderr or "").strip()[:300], mode))
+                print(f"# {method} {mode} P={P}: exit {p.returncode}: "
+                      f"{p.stderr.strip()[:300]}", flush=True)
                 continue
             with open(out) as f:
                 result = json.load(f)
             if P == 1:
                 single_sha[method] = result["bounds_sha256"]
-            rows.append((method, P, result, dt, ""))
+            rows.append((method, P, result, dt, "", mode))
             m = result["memory"]
-            print(f"# {method} P={P}: peak {m['peak_tracked_bytes'] / MIB:.1f} MiB "
+            print(f"# {method} {mode} P={P}: peak {m['peak_tracked_bytes'] / MIB:.1f} MiB "
                   f"(predicted {(m['predicted_peak_tracked_bytes'] or 0) / MIB:.1f}), "
                   f"rss {m['peak_rss_bytes'] / MIB:.0f} MiB, {dt:.1f} s", flush=True)
         if 1 in nprocs:                     # single mode under the budget: the guard refuses
@@ -264,9 +283,9 @@ def main(argv=None) -> int:
           "peak RSS MiB | bound s | wall s | bounds = single |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     base = {}
-    for method, P, result, dt, err in rows:
+    for method, P, result, dt, err, mode in rows:
         if result is None:
-            print(f"| {method} | {'single' if P == 1 else 'fsdp'} | {P} | - | - | - | - | - | - | "
+            print(f"| {method} | {mode} | {P} | - | - | - | - | - | - | "
                   f"{dt:.1f} | {err} |")
             continue
         m = result["memory"]

@@ -29,13 +29,30 @@ def plan_with_options(path: str, options: PassOptions, verify_each: bool = False
         front = PassManager([p for p in pipeline("single").passes
                              if p.name in ("canonicalize", "bound_plan")])
         planned = front.run(imported, options)
-        chosen = choose(graph_shapes(planned), planned.output, options, source=path)
+        chosen = choose(graph_shapes(planned), planned.output, options, source=path,
+                        tp=_tp_view(planned, options), spec_rows=options.spec_rows)
         options = planned_options(chosen, options)
     manager = pipeline(options.mode, verify_each=verify_each)
     graph = manager.run(imported, options)
     if chosen is not None:
         graph = graph.annotate("budget", {graph.input.name: chosen})
     return graph, options, [p.name for p in manager.passes]
+
+
+def _tp_view(planned: Graph, options: PassOptions):
+    """The network as tp mode would run it (its zones, and the bound plan tp_zones gives
+    zone nodes), for the planner; None where tp cannot run (--summation exact)."""
+    from dataclasses import replace
+
+    from shardbound.passes.memory_budget import TpShapes
+    from shardbound.passes.memory_plan import tp_graph_shapes
+    from shardbound.passes.tp_zones import tp_zones
+    from shardbound.runtime.parallel.tp_reduce import REDUCTIONS
+
+    if options.summation not in REDUCTIONS:
+        return None
+    shapes, places, ibp = tp_graph_shapes(tp_zones(planned, replace(options, nproc=1)))
+    return TpShapes(shapes, places, frozenset(ibp))
 
 
 def compile_model(path: str, out_dir: str, options: PassOptions) -> Graph:

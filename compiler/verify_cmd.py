@@ -93,15 +93,22 @@ def _compile_for_verify(args, tmp: str) -> tuple[str, str]:
     from dataclasses import replace
 
     options = pass_options(args)
-    if options.memory_budget is not None:       # verify runs CROWN, alpha-CROWN and BaB
-        options = replace(options, plan_methods=("crown", "alpha-crown", "full-alpha-crown"))
-    graph = compile_model(args.model, out, options)
     spec = spec_from_property(prop)
+    if options.memory_budget is not None:       # verify runs CROWN, alpha-CROWN and BaB
+        # on the property's rows: every case's conjunctions stacked (SpecCase.stacked)
+        options = replace(options, plan_methods=("crown", "alpha-crown", "full-alpha-crown"),
+                          spec_rows=spec_rows(spec))
+    graph = compile_model(args.model, out, options)
     check_spec_fits(spec, graph.input.shape, graph.node(graph.output).shape)
     spec_path = os.path.join(tmp, "spec.json")
     with open(spec_path, "w", encoding="utf-8") as f:
         f.write(spec.to_json())
     return spec_path, out
+
+
+def spec_rows(spec) -> int:
+    """The most rows a final pass of `spec` carries: one case's conjunctions stacked."""
+    return max([sum(len(k.d) for k in case.conjunctions) for case in spec.cases] + [1])
 
 
 def _write_prelude(spec_path: str, records) -> None:

@@ -45,6 +45,8 @@ class PassOptions:
     row_tile: int | None = None        # the most rows a backward pass propagates at once
     bab_batch: int | None = None       # verify: ReLU branch-and-bound domains per batch
     plan_methods: tuple[str, ...] = ()  # methods the budget must fit (default: `method`)
+    spec_rows: int | None = None       # rows of the final pass the budget plans for (verify:
+                                       # the property's C rows; None: one per output)
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,17 @@ model (runtime/accounting/memory_model.py, the same function `run --json` report
 that fits. The order, cheapest change to the default plan first:
 
 1. ranks P: the given --nproc only; else 1, 2, 3, ... up to MAX_RANKS (fewest ranks first);
-2. mode: single for P = 1, fsdp for P > 1 (the given --mode only, when one was given: fsdp
-   may then run on P = 1; tp is not modelled and is refused with a budget);
+2. mode: single for P = 1; for P > 1 fsdp, and tp too where the network has tp zones (the
+   given --mode only, when one was given: fsdp or tp may then run on P = 1). When both fsdp
+   and tp have a plan that fits on the same P, the one with the smaller predicted peak per
+   rank is taken, fsdp on a tie (fsdp's bounds are single mode's whatever the intermediate
+   method; tp's are with --tp-intermediate crown). tp is not offered with --summation exact
+   (tp refuses it), nor for --method full-alpha-crown (tp has none: refused by name when
+   --mode tp is given; verify, which runs it at the root in single and fsdp, plans tp with
+   the alpha-CROWN that tp runs instead);
 3. row tile: all of a rank's rows in one backward pass first, then tiles of 2^k rows, the
    largest first (smaller tiles: more, smaller kernel calls; the same bits under
-   blocked/exact);
+   blocked/exact; in tp they cut the passes of nodes outside zones and the final pass);
 4. stream chunk (fsdp with blocked/exact, which stream large weights): --stream-chunk-kib
    first, then halved down to MIN_CHUNK.
 
@@ -65,13 +71,15 @@ class BudgetPlan(Annotation):
     peak_node: str
     tried: int
     bab_batch: int = 0
+    spec_rows: int = 0              # the property's rows planned for (0: one per output)
 
     def text(self) -> str:
         tile = f"row tile {self.row_tile}" if self.row_tile else "whole rows"
         chunk = f", stream chunk {self.stream_chunk_kib} KiB" if self.mode == "fsdp" else ""
         bab = f", bab batch {self.bab_batch}" if self.bab_batch else ""
+        spec = f", {self.spec_rows} spec rows" if self.spec_rows else ""
         return (f"--memory-budget {format_bytes(self.budget)} per rank -> {self.mode} P="
-                f"{self.nproc}, {tile}{chunk}{bab}: predicted peak per rank "
+                f"{self.nproc}, {tile}{chunk}{bab}{spec}: predicted peak per rank "
                 f"{format_bytes(self.peak_bytes)} ({self.method}, at {self.peak_node}), "
                 f"resident {format_bytes(self.resident_bytes)}; candidate {self.tried} in "
                 "order")
@@ -108,15 +116,19 @@ def _ranks(options) -> list[int]:
     return list(range(1, MAX_RANKS + 1))
 
 
-def _mode_for(options, nproc: int) -> str:
+def _modes_for(options, nproc: int, tp) -> list[str]:
+    """The modes tried on `nproc` ranks (their candidates compete: see the module doc)."""
     if options.mode_given:
-        return options.mode
-    return "single" if nproc == 1 else "fsdp"
+        return [options.mode]
+    if nproc == 1:
+        return ["single"]
+    return ["fsdp", "tp"] if tp is not None and tp.places else ["fsdp"]
 
 
-def candidates(options, max_rows: int, nproc: int):
-    """The candidates for `nproc` ranks, in the documented order."""
-    mode = _mode_for(options, nproc)
+def candidates(options, max_rows: int, nproc: int, mode: str | None = None):
+    """The candidates of `mode` (default: the first mode tried) for `nproc` ranks, in the
+    documented order."""
+    mode = mode or _modes_for(options, nproc, None)[0]
     if mode == "single" and nproc > 1:
         return
     for tile in _tiles(max_rows):
@@ -126,16 +138,44 @@ def candidates(options, max_rows: int, nproc: int):
 
 def _methods(options) -> tuple[str, ...]:
     methods = tuple(options.plan_methods) or (options.method,)
-    for m in methods:
-        if m not in ("ibp", "crown") and m not in METHOD_MODELS:
+    for m in methods:       # full alpha-CROWN: predict_peak's own figure
+        if m not in ("ibp", "crown", "full-alpha-crown") and m not in METHOD_MODELS:
             raise ShardboundError(f"--memory-budget: the memory model has no figure for method "
                                   f"{m!r}; plan without a budget or choose another method")
     return methods
 
 
+@dataclass(frozen=True)
+class TpShapes:
+    """The tp memory model's view of the network (passes/memory_plan.py tp_graph_shapes)."""
+
+    shapes: list
+    places: dict
+    ibp: frozenset
+
+
+def _tp_methods(methods, options, source: str) -> tuple[str, ...] | None:
+    """The methods a tp plan runs instead of `methods`, or None: tp cannot run them."""
+    if "full-alpha-crown" in methods and not options.plan_methods:
+        if options.mode_given and options.mode == "tp":
+            raise ShardboundError(
+                f"{source}: --mode tp has no full alpha-CROWN (--method full-alpha-crown): tp "
+                "optimises the final pass's slopes only (--method alpha-crown); plan with "
+                "--mode fsdp or single, or choose alpha-crown")
+        return None
+    return tuple(dict.fromkeys("alpha-crown" if m == "full-alpha-crown" else m
+                               for m in methods))
+
+
 def predict(shapes, output: str, cand: Candidate, options, method: str, batch: int = 1,
-            spec_rows: int | None = None) -> dict:
+            spec_rows: int | None = None, tp: TpShapes | None = None) -> dict:
     """The memory model's per-rank prediction for one candidate plan."""
+    if cand.mode == "tp":
+        from shardbound.passes.memory_plan import predict_tp
+
+        return predict_tp(tp.shapes, tp.places, set(tp.ibp), output, cand.nproc, options,
+                          batch=batch, spec_rows=spec_rows, method=method,
+                          row_tile=cand.row_tile)
     fsdp = cand.mode == "fsdp"
     return predict_peak(shapes, output, cand.nproc, batch=batch, spec_rows=spec_rows,
                         shard_rows=(options.summation != "fast") if fsdp else None,
@@ -143,46 +183,70 @@ def predict(shapes, output: str, cand: Candidate, options, method: str, batch: i
                         row_tile=cand.row_tile)
 
 
-def _worst(shapes, output, cand, options, methods) -> dict:
-    preds = [dict(predict(shapes, output, cand, options, m), method=m) for m in methods]
+def _worst(shapes, output, cand, options, methods, spec_rows=None, tp=None) -> dict:
+    preds = [dict(predict(shapes, output, cand, options, m, spec_rows=spec_rows, tp=tp),
+                  method=m) for m in methods]
     return max(preds, key=lambda p: p["peak_tracked_bytes"])
 
 
-def choose(shapes, output: str, options, source: str = "model") -> BudgetPlan:
+def choose(shapes, output: str, options, source: str = "model", tp: TpShapes | None = None,
+           spec_rows: int | None = None) -> BudgetPlan:
     """The first candidate whose predicted peak fits `options.memory_budget`, or a one-line
-    ShardboundError with the smallest predicted peak."""
+    ShardboundError with the smallest predicted peak. `tp`: the network as tp sees it (None:
+    tp is not offered); `spec_rows`: the property's rows of the final pass (verify: its C
+    rows; default `options.spec_rows`; None: the identity over the outputs)."""
     budget = int(options.memory_budget)
-    if options.mode_given and options.mode == "tp":
-        raise ShardboundError(f"{source}: --memory-budget with --mode tp: tp's memory is not "
-                              "modelled yet (bench/tp_memory.py measures it); plan with "
-                              "--mode fsdp or single, or drop the budget")
+    if spec_rows is None:
+        spec_rows = options.spec_rows
+    if options.mode_given and options.mode == "tp" and tp is None:
+        raise ShardboundError(f"{source}: --memory-budget with --mode tp: tp does not run "
+                              f"--summation {options.summation}; plan with blocked or fast")
     methods = _methods(options)
+    tp_methods = _tp_methods(methods, options, source) if tp is not None else None
     max_rows = max([math.prod(s.shape) for s in shapes if s.crown_bounds]
-                   + [math.prod(shapes[-1].shape)] + [1])
+                   + [math.prod(shapes[-1].shape)] + [1] + [spec_rows or 1])
     max_rows = max(max_rows, max((math.prod(s.shape) for s in shapes if s.name == output),
                                  default=1))
     smallest = None
     tried = 0
     for P in _ranks(options):
-        cands = list(candidates(options, max_rows, P))
-        if not cands:
-            continue
-        floor = _worst(shapes, output, cands[-1], options, methods)   # smallest tile and chunk
-        if smallest is None or floor["peak_tracked_bytes"] < smallest[0]["peak_tracked_bytes"]:
-            smallest = (floor, cands[-1])
-        if floor["peak_tracked_bytes"] > budget:
-            tried += len(cands)
-            continue
-        for cand in cands:
-            tried += 1
-            pred = _worst(shapes, output, cand, options, methods)
-            if pred["peak_tracked_bytes"] <= budget:
-                return BudgetPlan(budget, cand.mode, cand.nproc, cand.row_tile or 0,
-                                  cand.stream_chunk_bytes // 1024,
-                                  int(pred["resident_param_bytes"]),
-                                  int(pred["peak_tracked_bytes"]), pred["method"],
-                                  pred["peak_node"], tried,
-                                  _bab_batch(shapes, output, cand, options, budget, methods))
+        fits = []
+        for mode in _modes_for(options, P, tp):
+            ms = tp_methods if mode == "tp" else methods
+            if ms is None:
+                continue
+            cands = list(candidates(options, max_rows, P, mode))
+            if not cands:
+                continue
+
+            def worst(cand):
+                return _worst(shapes, output, cand, options, ms, spec_rows, tp)
+
+            floor = worst(cands[-1])            # smallest tile and chunk
+            if smallest is None or (floor["peak_tracked_bytes"]
+                                    < smallest[0]["peak_tracked_bytes"]):
+                smallest = (floor, cands[-1])
+            if floor["peak_tracked_bytes"] > budget:
+                tried += len(cands)
+                continue
+            for cand in cands:
+                tried += 1
+                pred = worst(cand)
+                if pred["peak_tracked_bytes"] <= budget:
+                    fits.append((pred["peak_tracked_bytes"], len(fits), cand, pred, ms, tried))
+                    break
+        if fits:
+            _, _, cand, pred, ms, at = min(fits)    # smaller peak; fsdp (listed first) on a tie
+            return BudgetPlan(budget, cand.mode, cand.nproc, cand.row_tile or 0,
+                              cand.stream_chunk_bytes // 1024,
+                              int(pred["resident_param_bytes"]),
+                              int(pred["peak_tracked_bytes"]), pred["method"],
+                              pred["peak_node"], at,
+                              _bab_batch(shapes, output, cand, options, budget, ms, tp,
+                                         spec_rows), spec_rows or 0)
+    if smallest is None:
+        raise ShardboundError(f"{source}: --memory-budget: no plan to try (mode "
+                              f"{options.mode}, --nproc {options.nproc})")
     need, cand = smallest
     more = (f"more ranks than --nproc {options.nproc}" if options.nproc_given
             else "fsdp instead of --mode single (its ranks share the weights)"
@@ -196,15 +260,16 @@ def choose(shapes, output: str, options, source: str = "model") -> BudgetPlan:
         f"budget to at least that, plan for {more}, or bound with --method ibp")
 
 
-def _bab_batch(shapes, output, cand, options, budget, methods) -> int:
+def _bab_batch(shapes, output, cand, options, budget, methods, tp=None,
+               spec_rows=None) -> int:
     """verify: the most branch-and-bound domains per batch whose run fits: beta-CROWN's
     figure when one is registered (BAB_METHOD), else alpha-CROWN's at that batch (a domain
     is one box of the batch: its slopes, bounds and A-matrices)."""
     if "alpha-crown" not in methods or not options.plan_methods:     # verify only
         return 0
-    method = BAB_METHOD if BAB_METHOD in METHOD_MODELS else "alpha-crown"
+    method = BAB_METHOD if BAB_METHOD in METHOD_MODELS and cand.mode != "tp" else "alpha-crown"
     for b in BAB_BATCHES:
-        if predict(shapes, output, cand, options, method, batch=b)[
+        if predict(shapes, output, cand, options, method, batch=b, spec_rows=spec_rows, tp=tp)[
                 "peak_tracked_bytes"] <= budget:
             return b
     return 1

@@ -1,9 +1,9 @@
 """memory_plan: the predicted per-rank memory of a CROWN run, for the world sizes of interest.
 
 It replays the bound computation on shapes (shardbound.runtime.accounting.memory_model, the same model
-`run --json` reports next to the measured ledger) for P = 1, 2, 4 and the `--nproc` asked for,
-with one box and the identity spec. The result is attached to the input node, so `inspect`
-prints it and plan.json carries it.
+`run --json` reports next to the measured ledger; tp mode: runtime/accounting/tp_model.py, the
+largest rank's) for P = 1, 2, 4 and the `--nproc` asked for, with one box and the identity
+spec. The result is attached to the input node, so `inspect` prints it and plan.json carries it.
 """
 
 from __future__ import annotations
@@ -27,10 +27,46 @@ def _shapes(graph: Graph) -> list[NodeShape]:
                             if role == "weight"), ())) for n in graph.nodes]
 
 
+def tp_graph_shapes(graph: Graph) -> tuple[list[NodeShape], dict, set]:
+    """The tp memory model's view of the IR after tp_zones: whole shapes, each zone node's
+    TpPlace, and the nodes whose planned bounds are IBP's."""
+    from shardbound.runtime.accounting.tp_model import TpPlace, sliced_params
+
+    notes = graph.annotations.get("tp", {})
+    places = {}
+    for n in graph.nodes:
+        p = notes.get(n.name)
+        if p is None or p.role not in ("column", "elementwise", "row"):
+            continue
+        params = [(role, tuple(graph.tensors[k].shape)) for role, k in n.params]
+        places[n.name] = TpPlace(p.role, p.zone, p.channels, p.local_rows,
+                                 sliced_params(p.role, n.shape, p.channels, params))
+    plan = graph.annotations.get("bounds", {})
+    ibp = {name for name, b in plan.items() if getattr(b, "method", None) == "ibp"}
+    return _shapes(graph), places, ibp
+
+
+def predict_tp(shapes, places, ibp, output: str, P: int, options, **kw) -> dict:
+    """tp_model.predict_tp_peak for the IR of a tp program (every neuron: no box yet)."""
+    from functools import partial
+
+    from shardbound.runtime.accounting.tp_model import predict_tp_peak
+    from shardbound.runtime.parallel.tp_reduce import channel_ranges
+
+    return predict_tp_peak(shapes, places, output, P, partial(channel_ranges, options.summation),
+                           order=options.summation, refine=bool(ibp), ibp_planned=ibp, **kw)
+
+
 def memory_plan(graph: Graph, options) -> Graph:
     if options.mode == "tp":
-        return graph.annotate("memory", {graph.input.name: MemoryPrediction(
-            not_modelled="tp: not modelled (bench/tp_memory.py measures per-rank memory)")})
+        shapes, places, ibp = tp_graph_shapes(graph)
+        parts = []
+        for P in sorted({1, 2, 4, max(1, int(options.nproc))}):
+            pred = predict_tp(shapes, places, ibp, graph.output, P, options,
+                              row_tile=getattr(options, "row_tile", None))
+            parts.append(RankMemory(P, int(pred["resident_param_bytes"]),
+                                    int(pred["peak_tracked_bytes"])))
+        return graph.annotate("memory", {graph.input.name: MemoryPrediction(tuple(parts))})
     shapes = _shapes(graph)
     fsdp = options.mode == "fsdp"
     shard_rows = (options.summation != "fast") if fsdp else None

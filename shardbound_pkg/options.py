@@ -184,9 +184,11 @@ FLAGS: dict[str, Flag] = {f.dest if not f.positional else f.names[0]: f for f in
     _flag("--memory-budget", type=memory_size, default=None, metavar="SIZE",
           help="tracked memory per rank (e.g. 512MiB, 2GB). compile/inspect/verify: plan to "
                "fit it (the first plan in a fixed order whose predicted peak fits: single, "
-               "then fsdp on the fewest ranks (or --nproc), larger stream chunks and whole "
-               "rows first, then row tiles; inspect prints the choice; none fits: one line "
-               "with the smallest peak). run/program: stop a run that would pass it before "
+               "then fsdp or tp (where the network has tp zones; on the same P the smaller "
+               "predicted peak, fsdp on a tie) on the fewest ranks (or --nproc), larger "
+               "stream chunks and whole rows first, then row tiles; verify plans for the "
+               "property's rows; inspect prints the choice; none fits: one line with the "
+               "smallest peak). run/program: stop a run that would pass it before "
                "allocating (exit code 2; default: the budget the program was planned for)"),
     _flag("--raw", action="store_true", default=False,
           help="inspect: the IR as imported, before any pass"),

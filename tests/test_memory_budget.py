@@ -214,3 +214,134 @@ def test_a_model_with_external_weight_data_imports_alike(tmp_path):
     assert [n.name for n in a.nodes] == [n.name for n in b.nodes]
     assert a.tensors.keys() == b.tensors.keys()
     assert all(np.array_equal(a.tensors[k], b.tensors[k]) for k in a.tensors)
+
+
+@pytest.fixture(scope="module")
+def tp_net(tmp_path_factory):
+    """A 2-zone MLP (tp_mlp2: 520 hidden = 3 blocks): (path, shapes, output, tp view)."""
+    from shardbound.compiler.driver import _tp_view, plan_model
+    from shardbound.passes.manager import PassOptions
+    from shardbound.passes.memory_plan import graph_shapes
+
+    path = tmp_path_factory.mktemp("tpnet") / "tp_mlp2.onnx"
+    onnx.save(zoo.build("tp_mlp2")[0], path)
+    graph, _ = plan_model(str(path), PassOptions())
+    return str(path), graph_shapes(graph), graph.output, _tp_view(graph, PassOptions())
+
+
+def test_planner_offers_tp_where_the_network_has_zones(tp_net):
+    """On 3 ranks tp's zone A-matrices (each rank's own neurons) fit a budget that fsdp's
+    whole rows do not: the planner takes tp; a budget both fit goes to the smaller peak."""
+    from shardbound.passes.manager import PassOptions
+    from shardbound.passes.memory_budget import choose
+
+    path, shapes, output, tp = tp_net
+    assert tp.places                            # zones found
+
+    def plan(budget, **kw):
+        options = PassOptions(memory_budget=budget, nproc=3, nproc_given=True,
+                              method="alpha-crown", **kw)
+        return choose(shapes, output, options, source=path, tp=tp)
+
+    got = plan(3 << 20)
+    assert (got.mode, got.nproc, got.row_tile) == ("tp", 3, 0) and got.peak_bytes <= 3 << 20
+    fsdp = plan(3 << 20, mode="fsdp", mode_given=True)
+    assert fsdp.mode == "fsdp" and fsdp.peak_bytes > got.peak_bytes     # tp: the smaller peak
+    assert choose(shapes, output, PassOptions(memory_budget=3 << 20, nproc=3, nproc_given=True,
+                                              method="alpha-crown"), tp=None).mode == "fsdp"
+
+
+def test_inspect_mode_tp_prints_the_prediction_or_refuses_in_one_line(tp_net, capsys):
+    from shardbound.compiler.cli import main
+
+    path = tp_net[0]
+    for argv, code, first in (
+            (["--memory-budget", "10MiB"], 0, "plan: --memory-budget 10.00MiB per rank -> tp P=1"),
+            (["--memory-budget", "100KiB"], 2, f"error: {path}: no plan fits"),
+            (["--memory-budget", "1GiB", "--method", "full-alpha-crown"], 2,
+             f"error: {path}: --mode tp has no full alpha-CROWN")):
+        with pytest.raises(SystemExit) as e:
+            main(["inspect", path, "--mode", "tp", *argv])
+        captured = capsys.readouterr()
+        assert e.value.code == code, (argv, captured.err)
+        lines = (captured.out if code == 0 else captured.err).strip().splitlines()
+        assert lines[-1].startswith(first), (argv, lines[-1])
+        if code:
+            assert len(lines) == 1
+
+
+VNNLIB_3_ROWS = """(declare-const X_0 Real)\n(declare-const X_1 Real)\n(declare-const X_2 Real)
+(declare-const X_3 Real)\n(declare-const X_4 Real)\n(declare-const X_5 Real)
+(declare-const Y_0 Real)\n(declare-const Y_1 Real)\n(declare-const Y_2 Real)
+(declare-const Y_3 Real)\n(declare-const Y_4 Real)
+""" + "".join(f"(assert (>= X_{i} -0.1))\n(assert (<= X_{i} 0.1))\n" for i in range(6)) + \
+    "(assert (or (and (>= Y_0 Y_1)) (and (>= Y_0 Y_2) (>= Y_0 Y_3))))\n"
+
+
+def test_verify_plans_with_the_property_rows(mlp, monkeypatch, capsys):
+    """verify --memory-budget hands the planner the property's C rows (here 1 + 2 stacked),
+    and the planner predicts with them (not one row per output)."""
+    from shardbound.compiler import driver
+    from shardbound.compiler.cli import main
+    from shardbound.compiler.errors import ShardboundError
+    from shardbound.passes.manager import PassOptions
+    from shardbound.passes.memory_budget import Candidate, choose, predict
+
+    path, shapes, output, tmp = mlp
+    prop = tmp / "three_rows.vnnlib"
+    prop.write_text(VNNLIB_3_ROWS)
+    seen = {}
+
+    def compile_model(model, out, options):
+        seen["options"] = options
+        raise ShardboundError("stop here")
+
+    monkeypatch.setattr(driver, "compile_model", compile_model)
+    with pytest.raises(SystemExit) as e:
+        main(["verify", path, str(prop), "--memory-budget", "1GiB", "--quiet"])
+    assert e.value.code == 2 and "stop here" in capsys.readouterr().err
+    options = seen["options"]
+    assert options.spec_rows == 3 and "full-alpha-crown" in options.plan_methods
+    plan = choose(shapes, output, options, source=path)
+    assert plan.spec_rows == 3 and "3 spec rows" in plan.text()
+    cand = Candidate(plan.mode, plan.nproc, plan.row_tile or None,
+                     plan.stream_chunk_kib * 1024)
+    with_rows = predict(shapes, output, cand, options, plan.method, spec_rows=3)
+    assert plan.peak_bytes == with_rows["peak_tracked_bytes"]
+    assert with_rows != predict(shapes, output, cand, PassOptions(), plan.method)
+
+
+def test_tp_run_over_its_budget_stops_before_allocating(tp_net, tmp_path):
+    """The run-time guard predicts tp runs too (the largest rank's peak): a tp program run
+    under a budget below its prediction stops before the first pass, naming the node."""
+    from shardbound.compiler.driver import compile_model
+    from shardbound.passes.manager import PassOptions
+    from shardbound.runtime import load
+    from shardbound.runtime.accounting.ledger import MemoryBudgetExceeded
+
+    out = tmp_path / "tp_prog"
+    compile_model(tp_net[0], str(out), PassOptions(mode="tp"))
+    lo, hi = random_box(np.random.default_rng(2), (8,), 0.2)
+    v = load(str(out), memory_budget=1 << 20)        # resident weights fit, CROWN does not
+    with pytest.raises(MemoryBudgetExceeded) as e:
+        v.bounds(lo, hi, method="crown")
+    assert "this crown run needs" in str(e.value) and "stopped before allocating" in str(e.value)
+    assert v.network.ledger.peak["a_matrix"] == 0
+
+
+def test_a_verify_run_over_its_budget_stops_on_the_property_rows(program, mlp, capsys):
+    """`run --verify SPEC` checks each case's own C rows against the budget before bounding."""
+    from shardbound.compiler.cli import main
+    from shardbound.compiler.vnnlib import parse_vnnlib
+    from shardbound.runtime.verification.spec import spec_from_property
+
+    out, tmp = program[0], mlp[3]
+    prop = tmp / "three_rows_run.vnnlib"
+    prop.write_text(VNNLIB_3_ROWS)
+    spec = tmp / "spec.json"
+    spec.write_text(spec_from_property(parse_vnnlib(str(prop))).to_json())
+    with pytest.raises(SystemExit) as e:
+        main(["run", out, "--verify", str(spec), "--memory-budget", "6KiB", "--quiet"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: memory budget exceeded: this crown run")

@@ -193,6 +193,27 @@ def test_tp_zone_memory_falls_with_p(tp):
     assert mem[2]["peak_collective_bytes"] > 0 and mem[1]["peak_tracked_bytes"] > 0
 
 
+def test_tp_memory_prediction_within_10_percent(tp):
+    """The memory model's tp prediction (runtime/accounting/tp_model.py: the largest rank's,
+    from every rank's own row counts) is within 10% of the ledger's peak (max over ranks) for
+    IBP, CROWN and alpha-CROWN, for every tp program of the jobs above (crown and ibp
+    intermediates, blocked and fast, P = 1..4); measured: within 6%, alpha-CROWN over."""
+    cases, _, runs = tp
+    checked = 0
+    for name, (_, _, _, e) in cases.items():
+        for P, got in runs.items():
+            for kind in ("ibp", "crown", "fast"):
+                for m in ("ibp", "crown", "alpha-crown"):
+                    if kind not in e or (e[kind]["dir"], m) not in got:
+                        continue
+                    mem = got[(e[kind]["dir"], m)]["memory"]
+                    pred, measured = mem["predicted"], mem["peak_tracked_bytes"]
+                    assert abs(pred - measured) <= 0.10 * measured, (name, kind, m, P, pred,
+                                                                     measured)
+                    checked += 1
+    assert checked >= 100, checked
+
+
 # -- compiler side --------------------------------------------------------------------------------
 def _inspect(tmp_path, name_or_model, **options):
     from shardbound.compiler.driver import inspect_model

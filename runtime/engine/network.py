@@ -325,8 +325,10 @@ class Network:
         (runtime.tp)."""
         if hasattr(node, "crown_bounds"):
             out = node.crown_bounds(self, lower, upper, known, index)
-            self.crown_rows[node.name] = self.bounded_rows[node.name] = (
-                math.prod(node.shape) if index is None else len(index))
+            self.crown_rows[node.name] = (math.prod(node.shape) if index is None
+                                          else len(index))
+            # the rows of this rank's largest pass (P row tiles or its own neurons)
+            self.bounded_rows[node.name] = getattr(node, "pass_rows", self.crown_rows[node.name])
             return out
         B = lower.shape[0]
         size = math.prod(node.shape)

@@ -69,10 +69,16 @@ class ZoneOp:
         self.red = ctx.zone(self.tp_zone, self.tp_channels)
         self.full_shape = self.shape
         self._localize()
+        # What the memory model (runtime/accounting/tp_model.py) needs of the whole node:
+        # each parameter's elements and whether this rank holds a channel slice of it.
+        self.tp_param_numels, self.tp_sliced = {}, {}
         for role in list(self.params):
             src = self.params[role]
             if isinstance(src, ParamSource):
-                self.params[role] = src.read(self._slice(role, src.shape))
+                index = self._slice(role, src.shape)
+                self.tp_param_numels[role] = math.prod(src.shape)
+                self.tp_sliced[role] = any(s != slice(None) for s in index)
+                self.params[role] = src.read(index)
                 ledger.add("resident_param", self.params[role].numel() * 4)
 
     def _localize(self) -> None:
@@ -353,6 +359,7 @@ def crown_zone_node(network, node: ShardOutput, lower, upper, known, index=None)
     n = math.prod(node.shape)
     mine = torch.arange(n) if index is None else torch.as_tensor(index).reshape(-1)
     if node.tp_local_rows:
+        node.pass_rows = len(mine)          # rows of this rank's largest pass (memory model)
         lo, hi = _local_rows(network, node, mine, lower, upper, known)
     else:
         lo, hi = _all_rows(network, node, mine, index is None, lower, upper, known)
@@ -391,6 +398,7 @@ def _all_rows(network, node, mine, every_neuron, lower, upper, known):
         wanted[0, mine] = 1
         rows = torch.nonzero(node.gather_neurons(wanted)[0] > 0).reshape(-1)   # ascending
     tile = max(1, -(-len(rows) // node.ctx.comm.world))
+    node.pass_rows = min(tile, len(rows))
     los, his = [], []
     for s0 in range(0, len(rows), tile):
         chunk = rows[s0:s0 + tile]

@@ -186,15 +186,16 @@ def _run_rank(directory: str, args) -> int:
 
 
 def predicted_peak(verifier, comm, method: str, lb) -> int | None:
-    """The memory model's prediction for this very run (None in tp mode: not modelled)."""
+    """The memory model's prediction for this very run (tp: tp_model.py's, max over ranks)."""
     from shardbound.runtime.program.loader import stream_chunk_bytes
     from shardbound.runtime.accounting.memory_model import (METHOD_MODELS, network_shapes,
                                                              predict_peak)
 
-    if (method not in ("ibp", "crown", "full-alpha-crown") and method not in METHOD_MODELS) \
-            or verifier.plan["mode"] == "tp":
-        return None                     # tp: not modelled (bench/tp_memory.py measures it)
+    if method not in ("ibp", "crown", "full-alpha-crown") and method not in METHOD_MODELS:
+        return None
     net = verifier.network
+    if verifier.plan["mode"] == "tp":
+        return _tp_predicted_peak(net, comm, method, lb)
     fsdp = verifier.plan["mode"] == "fsdp"
     if method == "full-alpha-crown" and net.alpha_rows is None:
         method = "crown"                # no optimisation ran (full_alpha.py): CROWN's figure
@@ -204,6 +205,27 @@ def predicted_peak(verifier, comm, method: str, lb) -> int | None:
                         stream_chunk_bytes=stream_chunk_bytes(verifier.plan),
                         crown_rows=net.bounded_rows, row_tile=net.row_tile,
                         alpha_rows=net.alpha_rows)
+    return pred["peak_tracked_bytes"]
+
+
+def _tp_predicted_peak(net, comm, method: str, lb) -> int:
+    """tp: the largest prediction over the ranks (runtime/accounting/tp_model.py), from every
+    rank's own row counts (a collective: every rank calls this)."""
+    from functools import partial
+
+    from shardbound.runtime.accounting import tp_model
+    from shardbound.runtime.parallel.tp_reduce import channel_ranges
+
+    if method == "full-alpha-crown":
+        method = "alpha-crown"          # tp runs the final pass's alphas (network.py)
+    rows = comm.all_gather_objects(net.bounded_rows)
+    nodes, places = tp_model.network_places(net)
+    pred = tp_model.predict_tp_peak(nodes, places, net.output.name, comm.world,
+                                    partial(channel_ranges, net.order), order=net.order,
+                                    batch=lb.shape[0] if lb.dim() > 1 else 1,
+                                    spec_rows=lb.shape[-1], method=method, crown_rows=rows,
+                                    row_tile=net.row_tile, refine=tp_model.refines(net),
+                                    ibp_planned=tp_model.ibp_planned(net))
     return pred["peak_tracked_bytes"]
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from shardbound.runtime.accounting.guard import check_budget
 from shardbound.runtime.engine.full_alpha import root_bounds
 from shardbound.runtime.errors import ShardboundError
 from shardbound.runtime.verification.attack import pgd
@@ -185,6 +186,10 @@ class _CaseRunner:
         dev = self.net.device
         lo, hi = self.lo.reshape(shape).to(dev), self.hi.reshape(shape).to(dev)
         C_dev = self.C.to(dev)
+        # --memory-budget: a case whose bounds (on its own C rows) cannot fit stops here,
+        # before anything is allocated; the ledger guards what follows.
+        for method in ("crown", "full-alpha-crown"):
+            check_budget(self.net, lo, C_dev, method)
         budget = self.budget
         budget.check()
         self.start("attack")
