@@ -176,7 +176,7 @@ def nets(tmp_path_factory):
 
 
 def test_boundary_thresholds_never_unsat_where_an_evaluation_meets_them(nets):
-    from shardbound.runtime.engine.rigorous import RigorousBounds
+    from shardbound.runtime.rigorous import RigorousBounds
 
     v = nets["stable"]
     rig = RigorousBounds(v.network, "float32")
@@ -211,7 +211,7 @@ def test_boundary_thresholds_never_unsat_where_an_evaluation_meets_them(nets):
 
 
 def test_float32_mode_is_never_fooled_by_a_cancellation(nets):
-    from shardbound.runtime.engine.rigorous import RigorousBounds
+    from shardbound.runtime.rigorous import RigorousBounds
 
     v = nets["cancel"]
     rig = RigorousBounds(v.network, "float32")
@@ -220,7 +220,7 @@ def test_float32_mode_is_never_fooled_by_a_cancellation(nets):
     assert float(rig.forward64(torch.from_numpy(x))[0, 0]) == 0.5
     assert y32[1 + ORDERS.index("reversed")] == 0.0     # one summation order loses the 0.5
     # `run --box --soundness M`'s bounds (float32, rounded outward)
-    from shardbound.runtime.engine.rigorous import rigorous_box_bounds
+    from shardbound.runtime.rigorous import rigorous_box_bounds
 
     shape = torch.zeros(1, 1)
     lo, hi = rigorous_box_bounds(v, x, x, "real", shape, shape)
@@ -249,7 +249,7 @@ def test_float32_mode_is_never_fooled_by_a_cancellation(nets):
 def _check_sampling(v, lower, upper, samples, rng):
     """Rigorous real / float32 bounds on the box against float64 / float32 evaluations (a
     quarter of the points on vertices); as tight as the engine's CROWN or tighter, to 1%."""
-    from shardbound.runtime.engine.rigorous import RigorousBounds
+    from shardbound.runtime.rigorous import RigorousBounds
 
     n = int(np.prod(v.input_shape))
     m = int(np.prod(v.output_shape))
@@ -368,7 +368,7 @@ def test_beta_crown_leaves_get_a_rigorous_lagrangian_certificate(nets):
     holds at every sampled point of the domain (float64 evaluations), and with beta-CROWN's
     parameters is as tight as beta-CROWN's float32 bound and at least the clamps-only bound."""
     from shardbound.runtime.engine.beta import beta_crown
-    from shardbound.runtime.engine.rigorous import RigorousBounds
+    from shardbound.runtime.rigorous import RigorousBounds
 
     v = _compile(nets["tmp"], zoo.build("mlp", seed=4)[0], "mlp_split")
     net, rig = v.network, RigorousBounds(v.network, "real")

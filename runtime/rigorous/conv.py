@@ -68,6 +68,11 @@ class _ConvStep(WeightedStep):
     def bias_full(self):
         return None if self.b is None else self.b.reshape(-1, 1, 1)
 
+    def row_elements(self):
+        """The im2col columns: every window's taps over the input channels of a group."""
+        return super().row_elements() + (math.prod(self.geom.blocks)
+                                          * math.prod(self.w.shape[1:]) * self.groups)
+
 
 @rigorous_step(Conv2d)
 class Conv2dStep(_ConvStep):

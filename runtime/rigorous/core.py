@@ -143,6 +143,11 @@ class Step:
     def back(self, L, in_bounds, mags, alpha=None):
         raise NotImplementedError
 
+    def row_elements(self) -> int:
+        """float64 elements one A-matrix row needs through this step (its largest
+        temporary): the engine sizes its row chunks by the largest."""
+        return math.prod(self.shape) + sum(math.prod(s) for s in self.in_shapes)
+
 
 def rigorous_step(*kernels):
     """Declare `cls` the rigorous step of these kernel classes (and their subclasses that

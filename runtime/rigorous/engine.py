@@ -26,7 +26,8 @@ from shardbound.runtime.rigorous.core import (DT, absdot_upper, dot_lower, down,
                                               step_class, up)
 
 SOUNDNESS = ("default", "real", "float32")
-ROW_CHUNK = 512          # intermediate rows bounded per backward pass
+ROW_CHUNK = 512          # intermediate rows bounded per backward pass, at most
+ROW_BYTES = 256 << 20    # and fewer where a row's temporaries are large (a 52 x 52 conv)
 
 
 def check_covered(network, soundness: str) -> None:
@@ -79,6 +80,8 @@ class RigorousBounds:
             boxed[n.name] = n.box == "view" and all(boxed[i] for i in n.inputs)
             exact[n.name] = boxed[n.name] or (n.box == "affine" and len(n.inputs) == 1
                                               and boxed[n.inputs[0]])
+        per_row = 2 * 4 * 8 * max(n.row_elements() for n in self.nodes)    # lower + upper
+        self.row_chunk = max(1, min(ROW_CHUNK, ROW_BYTES // per_row))
         self.crown_nodes = {name for name, how in network.intermediate.items()
                             if how == "crown" and name in exact and not exact[name]
                             and self.relaxed_consumers[name]}
@@ -177,8 +180,8 @@ class RigorousBounds:
             return l, h
         M = fl.shape[1]
         new_l, new_h = fl.clone(), fh.clone()
-        for at in range(0, len(idx), ROW_CHUNK):
-            rows = idx[at:at + ROW_CHUNK]
+        for at in range(0, len(idx), self.row_chunk):
+            rows = idx[at:at + self.row_chunk]
             eye = torch.zeros(len(rows), M, dtype=DT)
             eye[torch.arange(len(rows)), rows] = 1.0
             L0 = torch.cat([eye, -eye]).unsqueeze(0).expand(B, -1, -1).reshape(B, 2 * len(rows),

@@ -30,6 +30,9 @@ class MaxPoolStep(Step):
     def forward(self, xs):
         return self.op.forward(xs[0])
 
+    def row_elements(self):
+        return super().row_elements() + math.prod(self.shape) * self.map.out_shape[-1]
+
     def ibp(self, bounds, float32):
         lo, hi = bounds[0]
         return self.op.forward(lo), self.op.forward(hi)

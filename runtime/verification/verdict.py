@@ -270,7 +270,7 @@ def rigorous_for(network, soundness: str):
     """The rigorous bounds of `network` for --soundness real/float32 (a one-line error when an
     op is not covered); in default mode the same machinery where the ops are covered (for the
     float64 confirmation of counterexamples), else None."""
-    from shardbound.runtime.engine.rigorous import RigorousBounds, check_covered
+    from shardbound.runtime.rigorous import RigorousBounds, check_covered
 
     if soundness != "default":
         return RigorousBounds(network, soundness)
