@@ -3,11 +3,11 @@
     python3 bench/soundness_modes.py [--repeat 3] [--shared DIR] [--models a,b]
 
 Per model, on one input box, side by side in one run: the engine's CROWN under `fast` and
-`exact` (each its own compiled program) and the rigorous CROWN of runtime/engine/rigorous.py
+`exact` (each its own compiled program) and the rigorous CROWN of runtime/rigorous/
 in `real` and `float32` mode (float64 with the error account). Times are medians of
 --repeat runs after a warm-up; `x fast` is the time ratio against `fast`; widths are mean
 output-bound widths and `w/fast` their ratio against `fast`'s. Models: the test zoo's
-(tests/zoo.py) that the rigorous bounds cover, and with ../shared/benchmarks (or --shared)
+(tests/zoo.py) that the rigorous bounds cover (the op families' models among them), and with ../shared/benchmarks (or --shared)
 ACAS Xu 1_1 and mnistfc 256x2 on a box of their properties.
 """
 
@@ -29,7 +29,9 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 ZOO_MODELS = ("mlp", "mlp_matmul_add", "normalized_mlp", "cnn_batchnorm", "cnn_avgpool",
-              "residual", "layout_ops")
+              "residual", "layout_ops", "sigmoid_mlp", "tanh_mlp", "leaky_residual",
+              "clip_abs_mlp", "maxpool_cnn", "pad_avgpool_cnn", "slice_gather_mlp",
+              "upsample_mlp", "branch_concat_cnn", "gelu_mlp")
 SHARED = {"acasxu_1_1": ("acasxu/ACASXU_run2a_1_1_batch_2000.onnx", "acasxu/prop_2.vnnlib"),
           "mnistfc_256x2": ("mnistfc/mnist-net_256x2.onnx", "mnistfc/prop_0_0.03.vnnlib")}
 
@@ -48,7 +50,7 @@ def bench_one(name, onnx_path, lo, hi, work, repeat):
     from shardbound.compiler.driver import compile_model
     from shardbound.passes.manager import PassOptions
     from shardbound.runtime import load
-    from shardbound.runtime.engine.rigorous import RigorousBounds
+    from shardbound.runtime.rigorous import RigorousBounds
 
     row = {"model": name}
     lo_t = torch.tensor(lo, dtype=torch.float32)
@@ -68,8 +70,9 @@ def bench_one(name, onnx_path, lo, hi, work, repeat):
         rig = RigorousBounds(v.network, mode)
         blo, bhi = rig.outward(np.asarray(lo, np.float64)[None], np.asarray(hi, np.float64)[None])
 
-        def run():
-            return rig.spec_lower(blo, bhi, eye), -rig.spec_lower(blo, bhi, -eye)
+        def run():                  # lower and upper bounds in one pass, as `run --box`
+            both = rig.spec_lower(blo, bhi, torch.cat([eye, -eye]))
+            return both[:, :m], -both[:, m:]
         t, (lb, ub) = _median_time(run, repeat)
         row[mode] = (t, float((ub - lb).mean()))
     return row

@@ -227,8 +227,11 @@ FLAGS: dict[str, Flag] = {f.dest if not f.positional else f.names[0]: f for f in
                "strict, counterexamples confirmed in float32 or float64), real (a rigorous "
                "enclosure of the network in exact arithmetic: float64 bounds with every "
                "rounding error accounted), float32 (also every float32 evaluation of the "
-               "network, any summation order or FMA); real and float32 cover Gemm/MatMul, "
-               "Conv, ReLU, affine, Add and layout views, and refuse other ops in one line"),
+               "network, any summation order or FMA); real and float32 cover the ops whose "
+               "kernels declare a rigorous step (linear, conv, pooling, layout, movement, "
+               "reduction, ReLU and the other activations, Sigmoid, Tanh and the other smooth "
+               "functions) and refuse other ops (Softmax, LayerNorm, products of computed "
+               "tensors) in one line"),
     _flag("-q", "--quiet", action="store_true", default=False,
           help="no stage lines, tables or summaries: only errors and the answer a script "
                "reads (verify's verdict line; run's --json file; compile's files)"),

@@ -28,7 +28,7 @@ LR_BETA = 0.05
 
 def beta_crown(network, ibp, known, lower, upper, C, splits, lb_start,
                iterations: int = DEFAULT_ITERATIONS, stop=None, alpha_start=None,
-               alpha_out=None):
+               alpha_out=None, beta_out=None):
     """(lower bounds (B, S) of C f(x) on each domain, at least `lb_start` (a sound bound of
     the same rows, e.g. CROWN's); the input A-matrix (B, S, *input) of the last iteration, or
     None). `splits` maps nodes feeding splittable ops to int8 (B, *shape). The A-matrix's
@@ -40,7 +40,9 @@ def beta_crown(network, ibp, known, lower, upper, C, splits, lb_start,
     `alpha_start` = ({op name: (B, S_local, *alpha shape)}, (B,) bool: the domains that have
     one); the others start from CROWN's slopes. Any feasible start is sound; the start is
     projected onto each op's alpha set first. A dict as `alpha_out` receives the alphas of
-    the last iteration (detached), in the same layout."""
+    the last iteration (detached), in the same layout; a dict as `beta_out` their betas (split
+    node -> (B, S_local, *shape), >= 0): with the alphas, a Lagrangian that --soundness
+    real/float32 re-evaluates rigorously (any alpha in range and beta >= 0 gives a bound)."""
     S_all = lb_start.shape[1]
     a, b = network.rows.my_range(S_all)
     start = lb_start[:, a:b]
@@ -79,4 +81,6 @@ def beta_crown(network, ibp, known, lower, upper, C, splits, lb_start,
     best = maximise(objective, groups, iterations, start=start, stop=stop)
     if alpha_out is not None:
         alpha_out.update({name: a.detach() for name, a in alphas.items()})
+    if beta_out is not None:
+        beta_out.update({name: b.detach() for name, b in betas.items()})
     return network.rows.gather(best, S_all), network.rows.gather(grab["lA"].detach(), S_all)

@@ -151,7 +151,7 @@ def _run_rank(directory: str, args) -> int:
         start = time.perf_counter()
         lb, ub = verifier.bounds(lower, upper, method=method)
         if args.soundness != "default":
-            from shardbound.runtime.engine.rigorous import rigorous_box_bounds
+            from shardbound.runtime.rigorous import rigorous_box_bounds
 
             lb, ub = rigorous_box_bounds(verifier, lower, upper, args.soundness, lb, ub)
         elapsed = time.perf_counter() - start

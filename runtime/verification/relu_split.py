@@ -212,10 +212,11 @@ def _flat_bounds(bounds, names, b) -> torch.Tensor:
 
 
 def _optimise(network, ibp, known, lo, hi, C, splits, lb, which, iterations, stop=None,
-              warm=None):
+              warm=None, betas=None):
     """(lb with the rows of the domains in `which` raised by beta-CROWN, their indices, their
     input A-matrices from beta-CROWN or None, their alphas after the optimisation).
-    warm: (alphas of the batch's domains, (B,) bool: which have them) to start from."""
+    warm: (alphas of the batch's domains, (B,) bool: which have them) to start from.
+    betas: a dict that receives their split multipliers (beta_crown's `beta_out`)."""
     idx = torch.nonzero(which).reshape(-1)
     dev_idx = idx.to(lo.device)
     pick = lambda t: t.index_select(0, dev_idx)                                # noqa: E731
@@ -228,10 +229,40 @@ def _optimise(network, ibp, known, lo, hi, C, splits, lb, which, iterations, sto
         better, lA = beta_crown(network, sub(ibp), sub(known), pick(lo), pick(hi), C,
                                 {k: pick(v) for k, v in splits.items()},
                                 lb.index_select(0, idx).to(lo.device), iterations, stop=stop,
-                                alpha_start=start, alpha_out=alphas)
+                                alpha_start=start, alpha_out=alphas, beta_out=betas)
     out = lb.clone()
     out[idx] = torch.maximum(out[idx], better.cpu())
     return out, idx, (None if lA is None else lA.cpu()), alphas
+
+
+def _certified(certify, done, blo, bhi, splits, lagrangian, rows: int) -> torch.Tensor:
+    """(B,) bool: the `done` domains the rigorous bounds prove (--soundness real/float32).
+    Those beta-CROWN bounded are certified with its alphas and betas (its Lagrangian, which
+    holds for any of them), the others by rigorous CROWN with the splits as clamps."""
+    take = len(done)
+    ok = torch.zeros(take, dtype=torch.bool)
+    by_beta = torch.zeros(take, dtype=torch.bool)
+    pos = torch.full((take,), -1, dtype=torch.long)
+    if lagrangian is not None:
+        idx, alphas, betas = lagrangian
+        params = list(alphas.values()) + list(betas.values())
+        if all(p.shape[1] == rows for p in params):    # not row-sharded: every row's own
+            by_beta[idx] = True
+            pos[idx] = torch.arange(len(idx))
+    for group in (done & ~by_beta, done & by_beta):
+        if not bool(group.any()):
+            continue
+        g = group.to(blo.device)
+        sub = {k: v[group.to(v.device)] for k, v in splits.items()}
+        extra = None
+        if bool(by_beta[group].all()):
+            at = pos[group]
+            extra = ({k: v[at.to(v.device)] for k, v in alphas.items()},
+                     {k: v[at.to(v.device)] for k, v in betas.items()})
+        n = int(group.sum())
+        ok[group] = certify(blo[g].reshape(n, -1).cpu(), bhi[g].reshape(n, -1).cpu(), sub,
+                            extra)
+    return ok
 
 
 class WarmAlphas:
@@ -352,9 +383,10 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
     (keyed like `Network.intermediate_bounds`' planned bounds), inherited by every domain.
     stop() -> bool: the time budget, agreed over ranks (default: `deadline`, agreed with
     `agree`), asked before each round and inside beta-CROWN's optimisation.
-    certify(los, his, splits) -> (b,) bool: --soundness real/float32, the domains the
-    rigorous bounds prove (with the split assumptions as clamps); a domain the float32
-    bounds prove but these do not stays open and is split further.
+    certify(los, his, splits, lagrangian) -> (b,) bool: --soundness real/float32, the domains
+    the rigorous bounds prove (with the split assumptions as clamps, and for domains
+    beta-CROWN proved, its alphas and betas: lagrangian = (alphas, betas) or None); a domain
+    the float32 bounds prove but these do not stays open and is split further.
 
     Counterexample search runs alongside the proof: domains are refined most violated first
     (the lowest CROWN / beta-CROWN margin, inherited by the children), every open domain's
@@ -448,12 +480,15 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         empty = network.any_over_ranks(empty)
         refuted = refuted_conjunctions(lb, d, owner, n_conj)
         lA = grab["lA"].cpu().reshape(take, C.shape[0], -1)
+        lagrangian = None                   # beta-CROWN's (domain indices, alphas, betas)
         if not final and iterations > 0 and bool((~(refuted.all(dim=1) | empty)).any()):
             start_alphas = ((store.unflatten(bwarm, dev), bhas)
                             if store.on and bool(bhas.any()) else None)
+            betas = {}
             lb, idx, beta_lA, alphas = _optimise(network, ibp, known, blo, bhi, Cd, splits, lb,
                                                  ~(refuted.all(dim=1) | empty), iterations,
-                                                 stop, start_alphas)
+                                                 stop, start_alphas, betas)
+            lagrangian = (idx, alphas, betas)
             if store.on and alphas:
                 flat = store.flatten(alphas, len(idx))
                 bwarm, bhas = torch.zeros(take, flat.shape[1]), torch.zeros(take, dtype=torch.bool)
@@ -464,10 +499,7 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
                 lA[idx] = beta_lA.reshape(len(idx), C.shape[0], -1)
         done = refuted.all(dim=1) | empty
         if certify is not None and bool(done.any()):
-            ok = torch.zeros(take, dtype=torch.bool)
-            sub = {k: v[done.to(v.device)] for k, v in splits.items()}
-            ok[done] = certify(blo[done.to(dev)].reshape(int(done.sum()), -1).cpu(),
-                               bhi[done.to(dev)].reshape(int(done.sum()), -1).cpu(), sub)
+            ok = _certified(certify, done, blo, bhi, splits, lagrangian, C.shape[0])
             refuted[done & ~ok] = False                 # not proved: open, every row
             done = done & ok
         verified += float(torch.pow(0.5, ddepth[done]).sum())

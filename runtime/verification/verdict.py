@@ -152,13 +152,15 @@ class _CaseRunner:
         return self._whole_box
 
     def certify(self):
-        """For branch and bound in --soundness real/float32: (los, his, splits) -> (B,) bool,
-        the domains the rigorous bounds prove; None in default mode."""
+        """For branch and bound in --soundness real/float32: (los, his, splits, lagrangian) ->
+        (B,) bool, the domains the rigorous bounds prove (lagrangian: beta-CROWN's (alphas,
+        betas) for those domains, or None); None in default mode."""
         if self.rig is None or self.soundness == "default":
             return None
 
-        def certify(los, his, splits=None):
-            ok = self.rig.refuted(los, his, self.C64, self.d, self.owner, self.n_conj, splits)
+        def certify(los, his, splits=None, lagrangian=None):
+            ok = self.rig.refuted(los, his, self.C64, self.d, self.owner, self.n_conj, splits,
+                                  lagrangian)
             # every rank closes the same domains (float64 bits could differ across ranks
             # only on different machines; one collective makes it certain)
             not_ok = self.comm.all_reduce_max((~ok).to(torch.float32)) > 0
@@ -273,7 +275,7 @@ def rigorous_for(network, soundness: str):
     """The rigorous bounds of `network` for --soundness real/float32 (a one-line error when an
     op is not covered); in default mode the same machinery where the ops are covered (for the
     float64 confirmation of counterexamples), else None."""
-    from shardbound.runtime.engine.rigorous import RigorousBounds, check_covered
+    from shardbound.runtime.rigorous import RigorousBounds, check_covered
 
     if soundness != "default":
         return RigorousBounds(network, soundness)

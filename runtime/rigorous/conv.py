@@ -1,0 +1,119 @@
+"""Rigorous steps of the conv family: `conv2d` and `conv_transpose2d`, both as im2col matrix
+products and their adjoint (F.fold), so every element is a dot product of a known number of
+terms (average pooling lowers to a depthwise conv2d and is covered here too)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from shardbound.runtime.ops.conv import Conv2d, ConvTranspose2d
+from shardbound.runtime.rigorous.core import WeightedStep, rigorous_step
+
+
+class ConvGeometry:
+    """A convolution from a (C, *in_hw) grid with weight (Cout, C / G, kh, kw): `conv` and
+    its adjoint `conv_back` (A may have fewer output rows / columns than the windows: the
+    missing ones are zero)."""
+
+    def __init__(self, in_hw, kernel_hw, strides, pads, dilations, groups):
+        self.in_hw, self.kernel = tuple(in_hw), tuple(kernel_hw)
+        self.strides, self.pads, self.dilations = strides, pads, dilations
+        self.groups = groups
+        pt, pl, pb, pr = pads
+        self.padded = (in_hw[0] + pt + pb, in_hw[1] + pl + pr)
+        self.blocks = tuple((n - d * (k - 1) - 1) // s + 1 for n, k, s, d in
+                            zip(self.padded, self.kernel, strides, dilations))
+
+    def conv(self, x, w):
+        """x (N, C, *in_hw) -> (N, Cout, *blocks)."""
+        pt, pl, pb, pr = self.pads
+        cols = F.unfold(F.pad(x, (pl, pr, pt, pb)), self.kernel, dilation=self.dilations,
+                        stride=self.strides).transpose(1, 2)            # (N, L, C*kh*kw)
+        Cout = w.shape[0]
+        G, k = self.groups, math.prod(w.shape[1:])
+        og = Cout // G
+        w2 = w.reshape(Cout, k)
+        parts = [cols[..., g * k:(g + 1) * k] @ w2[g * og:(g + 1) * og].T for g in range(G)]
+        y = torch.cat(parts, -1) if G > 1 else parts[0]                  # (N, L, Cout)
+        return y.transpose(1, 2).reshape(x.shape[0], Cout, *self.blocks)
+
+    def conv_back(self, A, w):
+        """A (N, Cout, h, w) with h, w <= blocks -> (N, C, *in_hw): the adjoint."""
+        Lh, Lw = self.blocks
+        if tuple(A.shape[2:]) != (Lh, Lw):
+            A = F.pad(A, (0, Lw - A.shape[3], 0, Lh - A.shape[2]))
+        N, Cout = A.shape[:2]
+        G, k = self.groups, math.prod(w.shape[1:])
+        og = Cout // G
+        A2 = A.reshape(N, Cout, -1).transpose(1, 2)                       # (N, L, Cout)
+        w2 = w.reshape(Cout, k)
+        parts = [A2[..., g * og:(g + 1) * og] @ w2[g * og:(g + 1) * og] for g in range(G)]
+        cols = torch.cat(parts, -1) if G > 1 else parts[0]               # (N, L, C*k)
+        out = F.fold(cols.transpose(1, 2), self.padded, self.kernel, dilation=self.dilations,
+                     stride=self.strides)
+        pt, pl = self.pads[0], self.pads[1]
+        H, W = self.in_hw
+        return out[:, :, pt:pt + H, pl:pl + W]
+
+
+class _ConvStep(WeightedStep):
+    def load(self, op):
+        super().load(op)
+        self.groups = op.groups
+        self.kh, self.kw = self.w.shape[2:]
+
+    def bias_full(self):
+        return None if self.b is None else self.b.reshape(-1, 1, 1)
+
+    def row_elements(self):
+        """The im2col columns: every window's taps over the input channels of a group."""
+        return super().row_elements() + (math.prod(self.geom.blocks)
+                                          * math.prod(self.w.shape[1:]) * self.groups)
+
+
+@rigorous_step(Conv2d)
+class Conv2dStep(_ConvStep):
+    def load(self, op):
+        super().load(op)
+        self.geom = ConvGeometry(self.in_shapes[0][1:], (self.kh, self.kw), op.strides, op.pads,
+                                 op.dilations, op.groups)
+
+    def matmul(self, x, w):
+        return self.geom.conv(x, w)
+
+    def adjoint(self, L, w):
+        return self.geom.conv_back(L, w)
+
+    def fan_in(self):
+        return math.prod(self.w.shape[1:])
+
+    def fan_out(self):
+        return (self.w.shape[0] // self.groups) * self.kh * self.kw
+
+
+@rigorous_step(ConvTranspose2d)
+class ConvTranspose2dStep(_ConvStep):
+    """The adjoint of the convolution from this node's output grid to its input grid (the
+    kernel's own construction): forward = that convolution's `conv_back`, backward = its
+    `conv` cropped to the input grid (output_padding rows are reached by no input)."""
+
+    def load(self, op):
+        super().load(op)
+        self.geom = ConvGeometry(self.shape[1:], (self.kh, self.kw), op.strides, op.pads,
+                                 op.dilations, op.groups)
+
+    def matmul(self, x, w):
+        return self.geom.conv_back(x, w)
+
+    def adjoint(self, L, w):
+        H, W = self.in_shapes[0][1:]
+        return self.geom.conv(L, w)[:, :, :H, :W]
+
+    def fan_in(self):
+        return (self.w.shape[0] // self.groups) * self.kh * self.kw
+
+    def fan_out(self):
+        return math.prod(self.w.shape[1:])

@@ -1,0 +1,274 @@
+"""Rigorous IBP + CROWN over a compiled network, from the nodes' declared steps (core.py).
+
+Per node in topological order: IBP from its step (rounded outward), then, for the nodes the
+compiler's bound plan bounds by CROWN (`network.intermediate`) that are not a box or an affine
+map of one (IBP is exact there), a backward pass for the neurons some relaxed consumer's
+relaxation is inexact on (`inexact_inputs`); ReLU split assumptions are clamps on the bounds.
+The backward pass sums each step's computed coefficients, charges and bias lower bounds, and
+concretises over the input box as a dot product (gamma allowance, one ulp down). float32 mode
+charges |Lambda| . delta at every node with a float32 allowance.
+
+The final pass may carry a Lagrangian (beta-CROWN's leaves, issue 17): the relaxations'
+optimised parameters (alpha, any feasible value) and split multipliers beta >= 0 injected as
+-beta s at each split neuron z (s = +1 for z >= 0, -1 for z <= 0), which bounds c.f(x) -
+sum beta s z(x) <= c.f(x) on the domain: the same certificate as the engine's, re-evaluated
+with the rounding accounted for.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from shardbound.runtime.errors import ShardboundError
+from shardbound.runtime.rigorous.core import (DT, absdot_upper, dot_lower, down, product_charge,
+                                              step_class, up)
+
+SOUNDNESS = ("default", "real", "float32")
+ROW_CHUNK = 512          # intermediate rows bounded per backward pass, at most
+ROW_BYTES = 256 << 20    # and fewer where a row's temporaries are large (a 52 x 52 conv)
+
+
+def check_covered(network, soundness: str) -> None:
+    """A one-line refusal naming the first node whose kernel declares no rigorous step, and a
+    model in tp mode (zone ops hold slices)."""
+    if soundness not in SOUNDNESS:
+        raise ShardboundError(f"--soundness must be one of {', '.join(SOUNDNESS)}, got "
+                              f"{soundness!r}")
+    if soundness == "default":
+        return
+    if getattr(network, "tp", None) is not None:
+        raise ShardboundError(f"--soundness {soundness}: not available in tp mode yet; use "
+                              "--mode single or fsdp")
+    for n in network.nodes:
+        if step_class(n) is None:
+            raise ShardboundError(
+                f"--soundness {soundness}: node '{n.name}' ({n.kind}) is not covered by the "
+                "rigorous error account yet (its kernel declares no rigorous step: "
+                "runtime/rigorous/); use --soundness default")
+
+
+def covered_kinds() -> list[str]:
+    from shardbound.runtime.ops import OP_TYPES
+
+    return sorted(k for k, cls in OP_TYPES.items() if step_class(cls) is not None)
+
+
+class RigorousBounds:
+    """Rigorous IBP + CROWN of a compiled network (see the module docstring)."""
+
+    def __init__(self, network, soundness: str):
+        check_covered(network, soundness)
+        self.float32 = soundness == "float32"
+        self.nodes = [step_class(op)(op) for op in network.nodes]
+        self.by_name = {n.name: n for n in self.nodes}
+        self.input = self.nodes[0]
+        self.output = self.by_name[network.output.name]
+        self.input_shape = network.input_shape
+        self.relaxed_consumers = {n.name: [] for n in self.nodes}
+        for n in self.nodes:
+            if n.op.relaxed:
+                for i in n.inputs:
+                    self.relaxed_consumers[i].append(n)
+        # IBP is exact on a box and on an affine map of one: no CROWN there
+        boxed, exact = {}, {}
+        for n in self.nodes:
+            if not n.inputs:
+                boxed[n.name] = exact[n.name] = True
+                continue
+            boxed[n.name] = n.box == "view" and all(boxed[i] for i in n.inputs)
+            exact[n.name] = boxed[n.name] or (n.box == "affine" and len(n.inputs) == 1
+                                              and boxed[n.inputs[0]])
+        per_row = 2 * 4 * 8 * max(n.row_elements() for n in self.nodes)    # lower + upper
+        self.row_chunk = max(1, min(ROW_CHUNK, ROW_BYTES // per_row))
+        self.crown_nodes = {name for name, how in network.intermediate.items()
+                            if how == "crown" and name in exact and not exact[name]
+                            and self.relaxed_consumers[name]}
+
+    # -- concrete ------------------------------------------------------------------------------
+    def forward64(self, x: torch.Tensor) -> torch.Tensor:
+        """The network in float64 at x (B, n) flattened: (B, n_out) (rounded, not rigorous: the
+        float64 confirmation of a counterexample)."""
+        values = {}
+        x = x.to(DT).reshape(-1, *self.input_shape)
+        with torch.no_grad():
+            for n in self.nodes:
+                values[n.name] = n.forward([values[i] for i in n.inputs] if n.inputs else [x])
+        return values[self.output.name].reshape(x.shape[0], -1)
+
+    @staticmethod
+    def outward(lower, upper):
+        lo = torch.as_tensor(lower, dtype=DT)
+        hi = torch.as_tensor(upper, dtype=DT)
+        return down(lo), up(hi)
+
+    # -- bounds --------------------------------------------------------------------------------
+    def _backward(self, target: str, L0: torch.Tensor, bounds, lo, hi, alphas=None,
+                  extra=None) -> torch.Tensor:
+        """A rigorous lower bound (B, S) of L0 . value(target) over the boxes; `extra` (node ->
+        (B, S, *shape)) is added to the coefficients arriving at a node (beta), `alphas`
+        (node -> (B, S, ...)) go to the relaxations' steps."""
+        B, S = L0.shape[:2]
+        acc = {target: L0}
+        c = torch.zeros(B, S, dtype=DT)
+        stop = self.nodes.index(self.by_name[target])
+        mags = {}
+
+        def mag(name):
+            if name not in mags:
+                l, h = bounds[name]
+                mags[name] = torch.maximum(l.abs(), h.abs()).unsqueeze(1)
+            return mags[name]
+
+        def charge_(x):
+            nonlocal c
+            if x is not None:
+                c = down(c - torch.nan_to_num(x, nan=math.inf))
+
+        def give(name, L_in, charge):
+            charge_(charge)
+            if name in acc:
+                total = acc[name] + L_in
+                charge_(product_charge(total, mag(name)))
+                acc[name] = total
+            else:
+                acc[name] = L_in
+
+        for n in reversed(self.nodes[:stop + 1]):
+            if extra is not None and n.name in extra:
+                give(n.name, extra[n.name].to(DT), None)
+            L = acc.pop(n.name, None)
+            if L is None:
+                continue
+            if not n.inputs:
+                flatL = L.reshape(B, S, -1)
+                sel = torch.where(flatL >= 0, lo.reshape(B, 1, -1), hi.reshape(B, 1, -1))
+                c = down(c + dot_lower(flatL, sel))
+                continue
+            if self.float32:
+                delta = self._delta[n.name]
+                if delta is not None:
+                    charge_(absdot_upper(L.reshape(B, S, -1), delta.reshape(B, 1, -1)))
+            alpha = None if alphas is None else alphas.get(n.name)
+            parts, bias = n.back(L, [bounds[i] for i in n.inputs], [mag(i) for i in n.inputs],
+                                 alpha)
+            if bias is not None:
+                c = down(c + bias)
+            for name, (L_in, charge) in zip(n.inputs, parts):
+                give(name, L_in, charge)
+        return torch.nan_to_num(c, nan=-math.inf)
+
+    def _inexact(self, n, bounds):
+        """Bool (B, *shape): where some relaxed consumer of n loses something with n's bounds."""
+        mask = torch.zeros_like(bounds[n.name][0], dtype=torch.bool)
+        for consumer in self.relaxed_consumers[n.name]:
+            given = [bounds[n.name] if i == n.name else None for i in consumer.inputs]
+            for name, m in zip(consumer.inputs, consumer.op.inexact_inputs(given)):
+                if name == n.name and m is not None:
+                    mask |= m
+        return mask
+
+    def _node_bounds(self, n, bounds, lo, hi):
+        """CROWN lower and upper bounds of the neurons of n whose relaxation is inexact in
+        some box, the rest kept."""
+        l, h = bounds[n.name]
+        B = l.shape[0]
+        fl, fh = l.reshape(B, -1), h.reshape(B, -1)
+        idx = torch.nonzero(self._inexact(n, bounds).reshape(B, -1).any(dim=0)).reshape(-1)
+        if len(idx) == 0:
+            return l, h
+        M = fl.shape[1]
+        new_l, new_h = fl.clone(), fh.clone()
+        for at in range(0, len(idx), self.row_chunk):
+            rows = idx[at:at + self.row_chunk]
+            eye = torch.zeros(len(rows), M, dtype=DT)
+            eye[torch.arange(len(rows)), rows] = 1.0
+            L0 = torch.cat([eye, -eye]).unsqueeze(0).expand(B, -1, -1).reshape(B, 2 * len(rows),
+                                                                               *n.shape)
+            c = self._backward(n.name, L0, bounds, lo, hi)
+            new_l[:, rows] = torch.maximum(new_l[:, rows], c[:, :len(rows)])
+            new_h[:, rows] = torch.minimum(new_h[:, rows], -c[:, len(rows):])
+        return new_l.reshape(l.shape), new_h.reshape(h.shape)
+
+    def all_bounds(self, lo, hi, splits=None):
+        """Rigorous bounds of every node over the boxes lo, hi (B, n) float64 (already
+        outward), with ReLU split assumptions applied (name of a ReLU input -> int8 (B, *shape))."""
+        B = lo.shape[0]
+        bounds = {}
+        self._delta = {}
+        for n in self.nodes:
+            if not n.inputs:
+                bounds[n.name] = (lo.reshape(B, *n.shape), hi.reshape(B, *n.shape))
+                self._delta[n.name] = None
+                continue
+            ins = [bounds[i] for i in n.inputs]
+            bounds[n.name] = n.ibp(ins, self.float32)
+            if self.float32:
+                mags = [torch.maximum(a.abs(), b.abs()) for a, b in ins]
+                self._delta[n.name] = n.f32_delta(mags, bounds[n.name])
+            if n.name in self.crown_nodes:
+                bounds[n.name] = self._node_bounds(n, bounds, lo, hi)
+            if splits is not None and n.name in splits:
+                s = splits[n.name].to("cpu")
+                l, h = bounds[n.name]
+                bounds[n.name] = (torch.where(s > 0, l.clamp(min=0), l),
+                                  torch.where(s < 0, h.clamp(max=0), h))
+        return bounds
+
+    def spec_lower(self, lo, hi, C, splits=None, lagrangian=None) -> torch.Tensor:
+        """(B, S) rigorous lower bounds of C . f(x) (C (S, n_out) float64) over each box;
+        +inf for a box that the split assumptions leave empty. `lagrangian` = (alphas, betas):
+        the final pass's relaxation parameters (op name -> (B, S, ...)) and split multipliers
+        (split node -> (B, S, *shape), >= 0; their split signs from `splits`)."""
+        lo = lo.to(DT).reshape(lo.shape[0], -1)
+        hi = hi.to(DT).reshape(hi.shape[0], -1)
+        B = lo.shape[0]
+        C = torch.as_tensor(C, dtype=DT)
+        alphas = extra = None
+        if lagrangian is not None:
+            alphas, betas = lagrangian
+            extra = {}
+            for name, beta in (betas or {}).items():
+                s = splits[name].to("cpu", DT).unsqueeze(1)
+                extra[name] = -(beta.detach().to("cpu", DT).clamp(min=0) * s)
+        with torch.no_grad():
+            bounds = self.all_bounds(lo, hi, splits)
+            L0 = C.unsqueeze(0).expand(B, -1, -1).reshape(B, C.shape[0], *self.output.shape)
+            lb = self._backward(self.output.name, L0, bounds, lo, hi, alphas, extra)
+            ol, oh = bounds[self.output.name]
+            sel = torch.where(C.unsqueeze(0) >= 0, ol.reshape(B, 1, -1), oh.reshape(B, 1, -1))
+            lb = torch.maximum(lb, dot_lower(C.unsqueeze(0).expand(B, -1, -1), sel))
+            empty = torch.zeros(B, dtype=torch.bool)
+            for l, h in bounds.values():
+                empty |= (l > h).reshape(B, -1).any(dim=1)
+        return torch.where(empty.unsqueeze(1), torch.full_like(lb, math.inf), lb)
+
+    def refuted(self, lo, hi, C, d, owner, n_conj, splits=None, lagrangian=None) -> torch.Tensor:
+        """(B,) bool: every conjunction has a row whose rigorous lower bound is > d."""
+        import numpy as np
+
+        from shardbound.runtime.verification.input_split import refuted_conjunctions
+
+        lb = self.spec_lower(lo, hi, C, splits, lagrangian)
+        # d as read is the float64 nearest a decimal: compare with the next float64 above it
+        d_up = np.nextafter(np.asarray(d, np.float64), np.inf)
+        return refuted_conjunctions(lb, d_up, owner, n_conj).all(dim=1)
+
+
+def rigorous_box_bounds(verifier, lower, upper, soundness: str, lb, ub):
+    """`run --box --soundness real|float32`: the rigorous bounds of every output (float32,
+    rounded outward), intersected with nothing from the float32 engine (lb, ub give the
+    result's shape)."""
+    from shardbound.runtime.rigorous.core import to_float32_outward
+
+    rig = RigorousBounds(verifier.network, soundness)
+    lo = torch.as_tensor(lower, dtype=DT).reshape(-1, math.prod(verifier.input_shape))
+    hi = torch.as_tensor(upper, dtype=DT).reshape(-1, math.prod(verifier.input_shape))
+    lo, hi = rig.outward(lo, hi)
+    m = math.prod(verifier.output_shape)
+    eye = torch.eye(m, dtype=DT)
+    both = rig.spec_lower(lo, hi, torch.cat([eye, -eye]))        # one pass: lower and upper
+    l64, h64 = both[:, :m], -both[:, m:]
+    l32, h32 = to_float32_outward(l64, h64)
+    return l32.reshape(lb.shape), h32.reshape(ub.shape)
