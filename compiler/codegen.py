@@ -167,6 +167,22 @@ def plan_dict(graph: Graph, options, passes: list[str]) -> dict:
     return plan
 
 
+def _unshared_tensors(arrays: dict) -> dict[str, torch.Tensor]:
+    """The graph's parameters as float32 tensors, sorted by name, none sharing memory with
+    another: an ONNX model may feed one initializer to several nodes (two branches with tied
+    weights), and safetensors refuses to save tensors that share storage. Only those get a
+    copy, so a large model is not duplicated in memory."""
+    out, seen = {}, set()
+    for name, value in sorted(arrays.items()):
+        t = torch.from_numpy(np.ascontiguousarray(value, dtype=np.float32))
+        ptr = t.untyped_storage().data_ptr()
+        if t.numel() and ptr in seen:
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        out[name] = t
+    return out
+
+
 def write_program(graph: Graph, options, passes: list[str], out_dir: str) -> None:
     """Write the three files of a compiled program into `out_dir` (created if missing)."""
     os.makedirs(out_dir, exist_ok=True)
@@ -176,8 +192,7 @@ def write_program(graph: Graph, options, passes: list[str], out_dir: str) -> Non
     with open(os.path.join(out_dir, "plan.json"), "w", encoding="utf-8", newline="\n") as f:
         json.dump(plan_dict(graph, options, passes), f, indent=1, sort_keys=True)
         f.write("\n")
-    tensors = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32))
-               for k, v in sorted(graph.tensors.items())}
+    tensors = _unshared_tensors(graph.tensors)
     # One metadata entry only: safetensors keeps `__metadata__` in a Rust HashMap whose
     # iteration order is randomised per process, so two entries make the header (and the
     # file's bytes) differ from one compile to the next. plan.json names the producer.
