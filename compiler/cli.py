@@ -112,14 +112,14 @@ def all_parsers() -> dict[str, argparse.ArgumentParser]:
 def main(argv=None) -> None:
     own = own_process(argv)
     args = build_parser().parse_args(argv)
-    leave(guarded(args.fn, args), own)
+    leave(guarded(args.fn, args, own=own), own)
 
 
 def compile_main(argv=None) -> None:
     """The `compile` console script: `compile MODEL.onnx --mode single -o DIR`."""
     own = own_process(argv)
     args = compile_parser().parse_args(argv)
-    leave(guarded(_compile, args), own)
+    leave(guarded(_compile, args, own=own), own)
 
 
 if __name__ == "__main__":

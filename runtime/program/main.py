@@ -17,6 +17,7 @@ from shardbound.runtime.errors import ShardboundError
 
 USER_ERROR = 2
 RANK_FAILED = 3
+INTERNAL_ERROR = 4      # a bug in shardbound, not in the input: one line, unless asked
 
 
 def run(directory: str, args: RunOptions) -> int:
@@ -243,9 +244,12 @@ def one_line(text: str) -> str:
     return "".join(out)
 
 
-def guarded(fn, *a) -> int:
+def guarded(fn, *a, own: bool = False) -> int:
     """Run fn; a ShardboundError becomes one line on stderr and exit code 2 (3 when a peer
-    rank failed or hung)."""
+    rank failed or hung). Any other exception is a bug of ours: owning the process (a
+    console script), it too becomes one line (its type, message and where it was raised)
+    and exit code 4, since a user should never read a traceback; SHARDBOUND_TRACEBACK=1, or
+    a call from Python (tests), lets it propagate with its traceback."""
     from shardbound.runtime.program import interrupts
 
     try:
@@ -262,7 +266,23 @@ def guarded(fn, *a) -> int:
                     interrupts.wait_for_stop()
                 print(f"error: {one_line(e)}", file=sys.stderr)
             return code
+        if (own and isinstance(e, Exception)
+                and os.environ.get("SHARDBOUND_TRACEBACK", "") != "1"):
+            print(f"error: internal error: {_raised_at(e)}: {type(e).__name__}: "
+                  f"{one_line(e)}; this is a bug in shardbound, not in your input: rerun with "
+                  "SHARDBOUND_TRACEBACK=1 for the traceback and report it", file=sys.stderr)
+            return INTERNAL_ERROR
         raise
+
+
+def _raised_at(e: BaseException) -> str:
+    """file:line of the innermost frame of e's traceback (where a bug report starts)."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return "?"
+    return f"{os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
 
 
 def own_process(argv) -> bool:
@@ -290,7 +310,7 @@ def leave(code: int, own: bool) -> None:
 def program_main(directory: str, argv=None) -> None:
     own = own_process(argv)
     args = RunOptions.from_namespace(parser_for("program", "program.py").parse_args(argv))
-    code = guarded(run, directory, args)
+    code = guarded(run, directory, args, own=own)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:   # one rank of a job: see dist.exit_rank
         from shardbound.runtime.parallel.dist import exit_rank
 
