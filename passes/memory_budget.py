@@ -26,7 +26,8 @@ Everything is a pure function of the shapes and the options, so the choice is de
 A P whose resident weights alone pass the budget is skipped without enumerating it. When no
 candidate fits, the error names the smallest predicted peak over every P tried and what to do.
 For verify (plan_methods holding alpha-crown), the plan also fixes the ReLU branch-and-bound
-batch: the most domains per batch (from BAB_BATCHES) whose alpha-CROWN peak fits.
+batch: the most domains per batch (from BAB_BATCHES) whose batched beta-CROWN round fits
+(the "beta-crown" figure: runtime/accounting/beta_model.py; tp: alpha-CROWN's).
 
 Method coverage comes from the memory model's registry (`METHOD_MODELS`): a method with a
 registered figure is planned like CROWN; one without is refused by name.
@@ -45,7 +46,7 @@ from shardbound.runtime.accounting.memory_model import METHOD_MODELS, predict_pe
 MAX_RANKS = 64
 MIN_CHUNK = 64 << 10
 BAB_BATCHES = (32, 16, 8, 4, 2, 1)
-BAB_METHOD = "beta-crown"       # the figure batched branch and bound registers, if any
+BAB_METHOD = "beta-crown"       # the figure of a batched round (runtime/accounting/beta_model.py)
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,9 @@
 One small zoo MLP is compiled once; the planner is asked for three budgets (too small: the
 one-line error with the smallest peak; tight, below what one rank needs in any plan: fsdp on
 the fewest ranks; generous: single); a run past its budget stops with exit code 2 and one
-line naming the node; the memory model's predictions of IBP, CROWN and alpha-CROWN are
-within 10% of the ledger's measured peaks; row tiles change no bit under blocked.
+line naming the node; the memory model's predictions of IBP, CROWN, alpha-CROWN and of a
+batched beta-CROWN round of branch and bound are within 10% of the ledger's measured peaks
+(full alpha-CROWN's: tests/test_fsdp.py); row tiles change no bit under blocked.
 """
 
 from __future__ import annotations
@@ -172,13 +173,55 @@ def test_prediction_within_10_percent_for_every_method(compile_zoo, name):
     v, _, _ = compile_zoo(name, summation="blocked")
     net = v.network
     lo, hi = random_box(np.random.default_rng(0), net.input_shape, 0.3)
-    for method in ("ibp", "crown", *METHOD_MODELS):
+    for method in ("ibp", "crown", *(m for m in METHOD_MODELS if m != "beta-crown")):
         net.ledger.reset_peaks()
         v.bounds(lo, hi, method=method)
         measured = net.ledger.report()["peak_tracked_bytes"]
         pred = predict_peak(network_shapes(net), net.output.name, 1, method=method,
                             crown_rows=net.bounded_rows)["peak_tracked_bytes"]
         assert abs(pred - measured) <= 0.10 * measured, (name, method, pred, measured)
+
+
+def test_beta_crown_batch_prediction_within_10_percent_and_sizes_the_bab_batch(program, mlp):
+    """A branch-and-bound round on B domains (CROWN, then beta-CROWN with betas on every split
+    node) peaks within 10% of the "beta-crown" figure for that B, for two B; the planner's
+    bab batch is the largest whose beta-CROWN figure fits (larger than alpha-CROWN's)."""
+    from shardbound.passes.manager import PassOptions
+    from shardbound.passes.memory_budget import BAB_BATCHES, Candidate, _bab_batch, predict
+    from shardbound.runtime import load
+    from shardbound.runtime.accounting.memory_model import network_shapes, predict_peak
+    from shardbound.runtime.engine.beta import beta_crown
+    from shardbound.runtime.verification.relu_split import split_ops
+
+    net = load(program[0]).network
+    C = torch.tensor([[1.0, -1.0, 0, 0, 0], [0, 1.0, 0, -1.0, 0], [0, 0, 1.0, 0, -1.0]])
+    gen = torch.Generator().manual_seed(0)
+    for B in (4, 16):
+        lo = torch.linspace(-0.5, -0.4, B).reshape(B, 1).expand(B, 6).contiguous()
+        hi = lo + 1.0
+        splits = {op.inputs[0]: torch.randint(-1, 2, (B, *op.shape), generator=gen,
+                                              dtype=torch.int8) for op in split_ops(net)}
+        net.ledger.set("bounds", 0)
+        net.ledger.reset_peaks()
+        with torch.no_grad():
+            ibp, known = net.intermediate_bounds(lo, hi, splits=splits)
+            lb, _ = net.final_crown(ibp, known, lo, hi, C, lower_only=True, split_A={})
+            beta_crown(net, ibp, known, lo, hi, C, splits, lb, iterations=1)
+        assert net.ledger.peak["alpha"] > 0 and net.ledger.peak["autograd"] > 0
+        measured = net.ledger.peak_total
+        pred = predict_peak(network_shapes(net), net.output.name, 1, batch=B, spec_rows=3,
+                            method="beta-crown", crown_rows=net.bounded_rows)
+        assert pred["peak_phase"] == "beta-crown"
+        assert abs(pred["peak_tracked_bytes"] - measured) <= 0.10 * measured, (B, pred, measured)
+    _, shapes, output, _ = mlp
+    options = PassOptions(plan_methods=("full-alpha-crown", "alpha-crown"), spec_rows=3)
+    cand = Candidate("single", 1, None, options.stream_chunk_bytes)
+    beta16, alpha16 = (predict(shapes, output, cand, options, m, batch=16, spec_rows=3)
+                       ["peak_tracked_bytes"] for m in ("beta-crown", "alpha-crown"))
+    assert alpha16 < beta16 - 1 and BAB_BATCHES.index(16) == BAB_BATCHES.index(8) - 1
+    for budget, batch in ((beta16, 16), (beta16 - 1, 8)):      # alpha-CROWN's would take 16
+        assert _bab_batch(shapes, output, cand, options, budget, ("alpha-crown",),
+                          spec_rows=3) == batch
 
 
 def test_row_tiles_change_no_bit_and_cut_the_peak(program):

@@ -42,12 +42,13 @@ def _kept_param_bytes(node) -> int:
     return kept * F32
 
 
-@register_method_model("alpha-crown")
-def alpha_crown_peak(ctx) -> dict:
+def optimised_pass_peak(ctx, grad_from=frozenset()) -> tuple[int, int]:
+    """(bytes on top of resident parameters, held bounds and the optimised tensors, index of
+    the node at the peak) of one lower-side final pass with gradients: the live A-matrices,
+    each step's outputs and gathered parameters, and what autograd saved so far. An incoming
+    A-matrix has a gradient once a step with alphas lies between it and the output, or from
+    a node in `grad_from` on (beta-CROWN adds its split terms to the A-matrix there)."""
     nodes, index, B, S = ctx.nodes, ctx.index, ctx.batch, ctx.local_rows
-    optimisable = [n for n in nodes if n.traits.relaxed and n.traits.has_alpha]
-    alpha = 3 * sum(B * S * n.traits.alpha_per_element
-                    * sum(_numel(nodes, index, i) for i in n.inputs) * F32 for n in optimisable)
     t = index[ctx.output]
     first = B * S * math.prod(nodes[t].shape) * F32
     live = {nodes[t].name: first}
@@ -59,6 +60,7 @@ def alpha_crown_peak(ctx) -> dict:
         if node.name not in live or node.traits.is_input:
             continue
         incoming = live.pop(node.name)
+        grad = grad or node.name in grad_from
         new_bytes = 0
         sizes = [B * S * _numel(nodes, index, name) * F32 for name in node.inputs]
         for name, size in zip(node.inputs, sizes):
@@ -80,7 +82,21 @@ def alpha_crown_peak(ctx) -> dict:
     if grad:                            # the box terms keep the input's A-matrix twice
         saved += 2 * B * S * math.prod(nodes[0].shape) * F32
         peak = max(peak, saved + a_prev)
-    total = ctx.resident + ctx.held + alpha + peak
+    return peak, at
+
+
+def alpha_tensor_bytes(ctx) -> int:
+    """The slopes of every optimisable op, (B, S, *its input) each, with Adam's moments."""
+    nodes, index = ctx.nodes, ctx.index
+    return 3 * sum(ctx.batch * ctx.local_rows * n.traits.alpha_per_element
+                   * sum(_numel(nodes, index, i) for i in n.inputs) * F32
+                   for n in nodes if n.traits.relaxed and n.traits.has_alpha)
+
+
+@register_method_model("alpha-crown")
+def alpha_crown_peak(ctx) -> dict:
+    peak, at = optimised_pass_peak(ctx)
+    total = ctx.resident + ctx.held + alpha_tensor_bytes(ctx) + peak
     if total <= ctx.crown["peak_tracked_bytes"]:
         return dict(ctx.crown)
-    return _result(ctx.resident, total, ("alpha-crown", nodes[at].name))
+    return _result(ctx.resident, total, ("alpha-crown", ctx.nodes[at].name))

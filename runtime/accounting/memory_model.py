@@ -402,4 +402,5 @@ def network_shapes(network) -> list[NodeShape]:
     return out
 
 
-from shardbound.runtime.accounting import alpha_model  # noqa: E402,F401  (registers alpha-crown)
+# registers alpha-crown and beta-crown
+from shardbound.runtime.accounting import alpha_model, beta_model  # noqa: E402,F401

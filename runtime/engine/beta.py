@@ -13,13 +13,20 @@ optimise.py) maximises the bound over betas and alphas jointly (projected to bet
 each op's alpha set) for a fixed number of iterations from a fixed start: deterministic. The
 best bound per row is kept. Intermediate bounds stay fixed. Under row sharding each rank
 optimises its own spec rows (as in alpha-CROWN).
+
+The ledger counts the call as alpha-CROWN's: `alpha` holds the alphas and betas with Adam's
+two moments and the split terms -beta s (one per split node, alive through every pass),
+`autograd` what the graph saves (SavedTensorCounter); the memory model's "beta-crown"
+figure (runtime/accounting/beta_model.py) predicts that peak for a batch of domains.
 """
 
 from __future__ import annotations
 
 import torch
 
-from shardbound.runtime.engine.optimise import ParamGroup, alpha_group, initial_alphas, maximise
+from shardbound.runtime.accounting.ledger import SavedTensorCounter
+from shardbound.runtime.engine.optimise import (ParamGroup, alpha_bytes, alpha_group,
+                                                initial_alphas, maximise)
 
 DEFAULT_ITERATIONS = 12
 LR_ALPHA = 0.25
@@ -78,7 +85,15 @@ def beta_crown(network, ibp, known, lower, upper, C, splits, lb_start,
 
     groups = [alpha_group(network, alphas, LR_ALPHA),
               ParamGroup(list(betas.values()), LR_BETA, project_betas)]
-    best = maximise(objective, groups, iterations, start=start, stop=stop)
+    ledger = network.ledger
+    saved = SavedTensorCounter(ledger)
+    ledger.set("alpha", alpha_bytes(alphas) + 4 * sum(t.numel() * t.element_size()
+                                                      for t in betas.values()))
+    try:
+        best = maximise(objective, groups, iterations, start=start, stop=stop, saved=saved)
+    finally:
+        saved.clear()
+        ledger.set("alpha", 0)
     if alpha_out is not None:
         alpha_out.update({name: a.detach() for name, a in alphas.items()})
     if beta_out is not None:
