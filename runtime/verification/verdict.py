@@ -165,7 +165,8 @@ class _CaseRunner:
         return certify
 
     def domain_attack(self, lo, hi):
-        """A short attack inside one branch-and-bound domain."""
+        """A short attack inside branch-and-bound domains (lo, hi: (k, n), searched in one
+        batch)."""
         return pgd(self.forward_flat, lo, hi, self.C, self.d, self.owner, restarts=2, steps=15,
                    stop=self.budget, forward64=self.forward64)
 
