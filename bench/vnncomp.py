@@ -2,6 +2,7 @@
 
     python3 bench/vnncomp.py [--instances CSV] [--only SUBSTRING] [--limit N]
                              [--timeout-scale F] [--direct] [--keep DIR]
+                             [--beside OTHER_ROOT --beside-bin OTHER_VENV/bin]
 
 Per instance it reports the wall time of the whole run (process start to exit, as a harness
 measures it) against the instance's timeout, and lists every instance that ran over.
@@ -54,6 +55,7 @@ class Outcome:
     status: str           # ok / WRONG / unsolved
     note: str = ""
     timeout: float = 0.0  # the instance's limit (scaled), against which `seconds` is judged
+    cpu: float = 0.0      # CPU seconds of the run (its processes, user + system)
 
     @property
     def over(self) -> float:
@@ -138,7 +140,7 @@ def check_counterexample(models: ModelCache, onnx_path, vnnlib_path, x, y) -> st
             f"(best margin {max(margins, default=-np.inf):.3g})")
 
 
-def run_one(row, base, tmp, models, args, env) -> Outcome:
+def run_one(row, base, tmp, models, args, env, root=ROOT) -> Outcome:
     onnx_path = os.path.join(base, row["onnx"])
     vnnlib_path = os.path.join(base, row["vnnlib"])
     family, expected = row["family"], row["expected"].strip()
@@ -152,19 +154,23 @@ def run_one(row, base, tmp, models, args, env) -> Outcome:
                 "--result", result, "--quiet", "--summation", "fast",
                 *shlex.split(args.verify_args)]
     else:
-        prep = subprocess.run(["bash", PREPARE, "v1", family, onnx_path, vnnlib_path],
+        prep = subprocess.run(["bash", os.path.join(root, "vnncomp", "prepare_instance.sh"),
+                               "v1", family, onnx_path, vnnlib_path],
                               capture_output=True, text=True, env=env)
         if prep.returncode != 0:
             return Outcome(name, family, expected, "error", 0.0, "unsolved",
                            f"prepare_instance.sh failed: {prep.stderr.strip()[-200:]}", timeout)
-        cmd = ["bash", RUN, "v1", family, onnx_path, vnnlib_path, result, f"{timeout:g}"]
+        cmd = ["bash", os.path.join(root, "vnncomp", "run_instance.sh"), "v1", family,
+               onnx_path, vnnlib_path, result, f"{timeout:g}"]
     start = time.monotonic()
+    cpu0 = _children_cpu()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout + 60)
         stderr = proc.stderr.strip()
     except subprocess.TimeoutExpired:
         stderr = "the bench killed the run"
     seconds = time.monotonic() - start
+    cpu = _children_cpu() - cpu0
     try:
         with open(result, encoding="utf-8") as f:
             verdict, x, y = parse_result(f.read())
@@ -177,7 +183,40 @@ def run_one(row, base, tmp, models, args, env) -> Outcome:
     outcome = _judge(name, family, expected, verdict, seconds, stderr, models, onnx_path,
                      vnnlib_path, x, y)
     outcome.timeout = timeout
+    outcome.cpu = cpu
     return outcome
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of the finished child processes (and theirs) so far."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def print_beside(pairs) -> None:
+    """The --beside table: per instance and family, the other checkout's and this one's
+    verdicts, wall and CPU seconds, and the ratios (this / other)."""
+    print("| instance | expected | other | this | other (s) | this (s) | other CPU s | "
+          "this CPU s |")
+    print("|---|---|---|---|---:|---:|---:|---:|")
+    for o, t in pairs:
+        print(f"| {t.name} | {t.expected} | {o.verdict} ({o.status}) | {t.verdict} ({t.status}) "
+              f"| {o.seconds:.2f} | {t.seconds:.2f} | {o.cpu:.2f} | {t.cpu:.2f} |")
+    print()
+    print("| family | instances | other: solved | this: solved | other (s) | this (s) | "
+          "wall ratio | other CPU s | this CPU s | CPU ratio |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    by_family = defaultdict(list)
+    for o, t in pairs:
+        by_family[t.family].append((o, t))
+    for family, rows in by_family.items():
+        ow, tw = sum(o.seconds for o, _ in rows), sum(t.seconds for _, t in rows)
+        oc, tc = sum(o.cpu for o, _ in rows), sum(t.cpu for _, t in rows)
+        solved = lambda k: sum(1 for r in rows if r[k].status == "ok")  # noqa: E731
+        print(f"| {family} | {len(rows)} | {solved(0)} | {solved(1)} | {ow:.1f} | {tw:.1f} | "
+              f"{tw / max(ow, 1e-9):.2f} | {oc:.1f} | {tc:.1f} | {tc / max(oc, 1e-9):.2f} |")
 
 
 def _judge(name, family, expected, verdict, seconds, stderr, models, onnx_path, vnnlib_path,
@@ -266,8 +305,16 @@ def main(argv=None) -> int:
     p.add_argument("--verify-args", default="", metavar="ARGS",
                    help="more `shardbound verify` options, e.g. \"--mode tp --nproc 2\" "
                         "(implies --direct)")
+    p.add_argument("--beside", metavar="ROOT", help="also run every instance with the "
+                   "scripts of another checkout ROOT (its `shardbound` first on PATH: see "
+                   "--beside-bin), alternating instance by instance, and print both with "
+                   "the ratios of wall and CPU seconds")
+    p.add_argument("--beside-bin", metavar="DIR", help="with --beside: the bin directory of "
+                   "the environment that has ROOT installed (put first on PATH for its runs)")
     args = p.parse_args(argv)
     args.direct = args.direct or bool(args.verify_args)
+    if args.beside and args.direct:
+        sys.exit("error: --beside runs the vnncomp/ scripts of both checkouts (no --direct)")
     if not os.path.exists(args.instances):
         sys.exit(f"error: {args.instances}: no such instances file")
     rows = read_instances(args.instances, args.only, args.limit)
@@ -281,11 +328,27 @@ def main(argv=None) -> int:
         os.makedirs(results, exist_ok=True)
         # our own state dir: prepare_instance.sh then only ever stops runs of this bench
         env = dict(os.environ, SHARDBOUND_VNNCOMP_STATE=os.path.join(tmp, "state"))
+        other_env = dict(env)
+        if args.beside_bin:
+            other_env["PATH"] = os.path.abspath(args.beside_bin) + os.pathsep + env["PATH"]
+        pairs = []
         for i, row in enumerate(rows):
+            if args.beside:
+                b = run_one(row, base, results, models, args, other_env,
+                            root=os.path.abspath(args.beside))
             o = run_one(row, base, results, models, args, env)
             print(f"[{i + 1}/{len(rows)}] {o.name}: {o.verdict} ({o.status}) {o.seconds:.1f} s "
-                  f"of {o.timeout:g} s", file=sys.stderr, flush=True)
+                  f"of {o.timeout:g} s" + (f"; beside: {b.verdict} ({b.status}) {b.seconds:.1f} s"
+                                          if args.beside else ""), file=sys.stderr, flush=True)
             outcomes.append(o)
+            if args.beside:
+                pairs.append((b, o))
+    if args.beside:
+        print_beside(pairs)
+        print()
+        with open("/proc/loadavg", encoding="ascii") as f:
+            print(f"load average at the end: {f.read().split()[0]}")
+        print()
     return print_report(outcomes)
 
 
