@@ -71,6 +71,7 @@ ENVELOPE_STEPS = 20     # CROWN's slopes of a mixed-curvature interval: the line
 # optimum that lies near CROWN's slopes.
 ALPHA_SPAN = 12.0
 INF = math.inf
+_SIDES = torch.tensor([1.0, -1.0], dtype=torch.float64)   # lower line, upper line
 
 
 def round_down(x64: torch.Tensor) -> torch.Tensor:
@@ -100,6 +101,17 @@ def bisect(fn, a, b, steps: int = BISECTION_STEPS):
         above = fn(m) > 0
         b, a = torch.where(above, m, b), torch.where(above, a, m)
     return (a + b) / 2
+
+
+def _broadcast_shape(*shapes) -> tuple[int, ...]:
+    """torch.broadcast_shapes for valid shapes, without its Python-side checks (~100 us)."""
+    rank = max(len(s) for s in shapes)
+    out = [1] * rank
+    for shape in shapes:
+        for i, n in enumerate(shape, rank - len(shape)):
+            if n != 1:
+                out[i] = n
+    return tuple(out)
 
 
 def _margin(v: torch.Tensor) -> torch.Tensor:
@@ -277,29 +289,29 @@ class InterceptRelaxation(ElementwiseRelaxation):
             span = self._cached("_slope_ranges", lo, hi, lambda: self.slope_range64(L, U))
             wl = self.alpha_slopes64(L, U, a[:, :, 0], span)
             wu = self.alpha_slopes64(L, U, a[:, :, 1], span)
-        wl32 = to_slope(torch.where(sloped, wl, zero))
-        wu32 = to_slope(torch.where(sloped, wu, zero))
+        # both lines at once, stacked on a leading axis: entry 0 the lower line, 1 the upper
+        w32 = to_slope(torch.where(sloped, torch.stack(torch.broadcast_tensors(wl, wu)), zero))
+        side = _SIDES.to(w32.device).reshape(2, *([1] * (w32.dim() - 1)))
         rmin, rmax = self.range64(l64, u64)
         r0, r1 = self.value_range
-        out = []
-        for side, w32, const in ((1.0, wl32, rmin), (-1.0, wu32, rmax)):
-            b64, x_arg = self._intercept64(L, U, w32.detach().to(F64), side)
-            const = const - side * _margin(const)
-            b64 = torch.where(sloped, b64, const)
-            rounded = round_down if side > 0 else round_up
-            b32 = rounded(b64)
-            # a slope or an intercept beyond float32: the constant line instead
-            bad = sloped & ~(torch.isfinite(b32) & torch.isfinite(w32.detach()))
-            if bool(bad.any()):
-                w32 = torch.where(bad, torch.zeros_like(w32), w32)
-                b32 = torch.where(bad, rounded(const), b32)
-            # a constant line may stop at the function's range (f lies inside it)
-            flat = b32.clamp(min=r0) if side > 0 else b32.clamp(max=r1)
-            b32 = torch.where(w32.detach() == 0, flat, b32)
-            if w32.requires_grad:       # d(intercept)/d(slope) = -x*, forward bits unchanged
-                x_arg = torch.where(sloped & ~bad, x_arg, zero).to(torch.float32)
-                b32 = b32 + (w32 - w32.detach()) * (-x_arg)
-            out.append((w32, b32))
+        b64, x_arg = self._intercept64(L, U, w32.detach().to(F64), side)
+        const = torch.stack([rmin, rmax])
+        const = const - side * _margin(const)
+        b64 = torch.where(sloped, b64, const)
+        # down for the lower line, up for the upper one (round_up(x) = -round_down(-x))
+        b32 = side.to(torch.float32) * round_down(side * b64)
+        # a slope or an intercept beyond float32: the constant line instead
+        bad = sloped & ~(torch.isfinite(b32) & torch.isfinite(w32.detach()))
+        if bool(bad.any()):
+            w32 = torch.where(bad, torch.zeros_like(w32), w32)
+            b32 = torch.where(bad, side.to(torch.float32) * round_down(side * const), b32)
+        # a constant line may stop at the function's range (f lies inside it)
+        flat = torch.stack([b32[0].clamp(min=r0), b32[1].clamp(max=r1)])
+        b32 = torch.where(w32.detach() == 0, flat, b32)
+        if w32.requires_grad:       # d(intercept)/d(slope) = -x*, forward bits unchanged
+            x_arg = torch.where(sloped & ~bad, x_arg, zero).to(torch.float32)
+            b32 = b32 + (w32 - w32.detach()) * (-x_arg)
+        out = [(w32[0], b32[0]), (w32[1], b32[1])]
         return Lines(out[0][0], out[0][1], out[1][0], out[1][1])
 
     def _pieces_within(self, lo, hi):
@@ -330,23 +342,31 @@ class InterceptRelaxation(ElementwiseRelaxation):
         ok = torch.isfinite(smin) & torch.isfinite(smax)
         return torch.where(ok, smin, torch.zeros_like(smin)), torch.where(ok, smax, torch.zeros_like(smax))
 
-    def _intercept64(self, lo, hi, w, side: float):
+    def _intercept64(self, lo, hi, w, side):
         """side +1: a float64 lower bound on min over [lo, hi] of g = f - w x; side -1: an
-        upper bound on its max. Returns (bound, the candidate point where it is attained)."""
+        upper bound on its max. Returns (bound, the candidate point where it is attained).
+        `side` may also be a tensor of +-1 broadcasting against w (both lines at once,
+        stacked on a leading axis: `_relax`); each entry gets the bits it gets alone."""
         best = best_x = best_raw = None
         for index, a, c, inside, curvature in self._pieces_within(lo, hi):
             width = c - a
-            if isinstance(curvature, str):
-                # h = side * g is convex here: the tangent at any candidate x bounds h on [a, c]
-                # from below; else h is concave (or linear) and its minimum is at an endpoint.
-                h_convex = curvature != "linear" and (curvature == "convex") == (side > 0)
-                bound, raw, raw_x = self._piece_bound(index, a, c, width, w, side, h_convex)
-            else:               # curvature per element: both, chosen per element
+            # h = side * g is convex where f is convex (lower line) or concave (upper line):
+            # the tangent at any candidate x bounds h on [a, c] from below; else h is concave
+            # (or linear) and its minimum is at an endpoint. Per side, and per element where
+            # the curvature is (periodic functions).
+            if isinstance(curvature, str) and curvature == "linear":
+                h_convex = False
+            elif isinstance(side, torch.Tensor):
+                h_convex = side > 0
+                if isinstance(curvature, str):
+                    h_convex = h_convex if curvature == "convex" else ~h_convex
+                else:
+                    h_convex = torch.where(h_convex, curvature, ~curvature)
+            elif isinstance(curvature, str):
+                h_convex = (curvature == "convex") == (side > 0)
+            else:
                 h_convex = curvature if side > 0 else ~curvature
-                tb, traw, tx = self._piece_bound(index, a, c, width, w, side, True)
-                eb, eraw, ex = self._piece_bound(index, a, c, width, w, side, False)
-                bound = torch.where(h_convex, tb, eb)
-                raw, raw_x = torch.where(h_convex, traw, eraw), torch.where(h_convex, tx, ex)
+            bound, raw, raw_x = self._piece_bound(index, a, c, width, w, side, h_convex)
             bound = torch.where(inside, bound, torch.full_like(bound, INF))
             raw = torch.where(inside, raw, torch.full_like(raw, INF))
             if best is None:
@@ -357,37 +377,43 @@ class InterceptRelaxation(ElementwiseRelaxation):
                 best_raw = torch.minimum(best_raw, raw)
         return side * best, best_x
 
-    def _piece_bound(self, index, a, c, width, w, side, h_convex: bool):
+    def _piece_bound(self, index, a, c, width, w, side, h_convex):
         """(a lower bound on min of h = side (f - w x) over [a, c], the smallest candidate
-        value of h and its point) for h convex (tangents at a, c and the touching point) or
-        concave (the endpoints). A candidate whose bound is NaN (f' infinite there) is
-        dropped; an h that is NaN (outside f's domain) gives -inf."""
-        points = [a, c]
-        if h_convex:
-            points.append(torch.minimum(torch.maximum(self.touch64(w, index, a, c), a), c))
-        bound = raw = raw_x = None
-        for x in points:
-            fx = self.f64(x)
-            h = side * (fx - w * x)
-            err = self.err64(x, fx) + EPS * (w * x).abs() + TINY
-            if self.piece_err:
-                err = err + self.piece_err * width
-            if h_convex:
-                df = self.piece_df64(x, index)
-                dh = side * (df - w)
-                err = err + (self.derr64(x, df) + EPS * w.abs()) * width
-                b = _no_nan(h + torch.minimum(dh * (a - x), dh * (c - x)) - err, -INF)
-                bound = b if bound is None else torch.maximum(bound, b)
-            else:
-                b = _no_nan(h - err, -INF)
-                bound = b if bound is None else torch.minimum(bound, b)
-            h = _no_nan(h, INF)
-            if raw is None:
-                raw, raw_x = h, x
-            else:
-                raw_x = torch.where(h < raw, x, raw_x)
-                raw = torch.minimum(raw, h)
-        return bound, raw, raw_x
+        value of h and its point) where h is convex (tangents at a, c and the touching point)
+        or concave (the endpoints); h_convex is a bool, or a bool tensor choosing per entry.
+        A candidate whose bound is NaN (f' infinite there) is dropped; an h that is NaN
+        (outside f's domain) gives -inf. The candidates are stacked on a new leading axis
+        (one evaluation of f for all of them)."""
+        tangents = h_convex is not False
+        shape = _broadcast_shape(a.shape, w.shape)
+        points = [a.expand(shape), c.expand(shape)]
+        if tangents:
+            t = torch.minimum(torch.maximum(self.touch64(w, index, a, c), a), c)
+            points.append(t.expand(shape))
+        x = torch.stack(points)
+        fx = self.f64(x)
+        h = side * (fx - w * x)
+        err = self.err64(x, fx) + EPS * (w * x).abs() + TINY
+        if self.piece_err:
+            err = err + self.piece_err * width
+        if h_convex is not True:                # the endpoints' minimum
+            ends = torch.amin(_no_nan(h[:2] - err[:2], -INF), dim=0)
+        if tangents:                            # the tangents' maximum
+            df = self.piece_df64(x, index)
+            dh = side * (df - w)
+            err = err + (self.derr64(x, df) + EPS * w.abs()) * width
+            tangent = torch.amax(_no_nan(h + torch.minimum(dh * (a - x), dh * (c - x)) - err,
+                                         -INF), dim=0)
+        h = _no_nan(h, INF)
+        if h_convex is True:
+            bound = tangent
+        elif h_convex is False:
+            bound = ends
+        else:                                   # per entry; no touching point where concave
+            bound = torch.where(h_convex, tangent, ends)
+            h = torch.cat([h[:2], torch.where(h_convex, h[2], INF).unsqueeze(0)])
+        raw, at = torch.min(h, dim=0)           # the first of equal candidates
+        return bound, raw, torch.gather(x, 0, at.unsqueeze(0)).squeeze(0)
 
     # -- CROWN's slopes ------------------------------------------------------------------------
     def curvature64(self, lo, hi):
