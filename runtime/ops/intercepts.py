@@ -444,23 +444,60 @@ class InterceptRelaxation(ElementwiseRelaxation):
         mixed = ~(convex | concave)
         if bool(mixed.any()):
             lo_m, hi_m = lo[mixed], hi[mixed]
-            lower = lower.masked_scatter(mixed, self.envelope_slope64(lo_m, hi_m, 1.0))
-            upper = upper.masked_scatter(mixed, self.envelope_slope64(lo_m, hi_m, -1.0))
+            envelope = self.envelope_slopes64(lo_m, hi_m)
+            lower = lower.masked_scatter(mixed, envelope[0])
+            upper = upper.masked_scatter(mixed, envelope[1])
         return lower, upper
 
-    def envelope_slope64(self, lo, hi, side: float):
-        """The slope of the supporting line of f's convex (side +1) / concave (-1) envelope
-        over [lo, hi] at the midpoint: the line touching f where the tangent point of the
-        slope-w line crosses the midpoint (it moves right as w grows for the lower line, left
-        for the upper one)."""
+    def envelope_slopes64(self, lo, hi):
+        """The slopes (stacked: lower, upper) of the supporting lines of f's convex (lower)
+        / concave (upper) envelope over [lo, hi] at the midpoint: the line touching f where
+        the tangent point of the slope-w line crosses the midpoint (it moves right as w grows
+        for the lower line, left for the upper one). Bisection on w, both sides at once; each
+        step needs only where the line touches (`_argmin64`), not its intercept."""
         m = (lo + hi) / 2
-        a, b = self.slope_range64(lo, hi)
+        smin, smax = self.slope_range64(lo, hi)
+        a, b = torch.stack([smin, smin]), torch.stack([smax, smax])
+        side = _SIDES.to(lo.device).reshape(2, *([1] * lo.dim()))
         for _ in range(ENVELOPE_STEPS):
             w = (a + b) / 2
-            _, x = self._intercept64(lo, hi, w, side)
-            grow = (x < m) if side > 0 else (x > m)
+            x = self._argmin64(lo, hi, w, side)
+            grow = torch.where(side > 0, x < m, x > m)
             a, b = torch.where(grow, w, a), torch.where(grow, b, w)
         return (a + b) / 2
+
+    def _argmin64(self, lo, hi, w, side):
+        """The candidate point where side (f - w x) is smallest over [lo, hi]: the point
+        `_intercept64` returns, found from the candidates' values alone (the same values,
+        compared in the same order: the same point)."""
+        best = best_x = None
+        for index, a, c, inside, curvature in self._pieces_within(lo, hi):
+            if isinstance(curvature, str) and curvature == "linear":
+                h_convex = False
+            else:
+                h_convex = side > 0
+                if isinstance(curvature, str):
+                    h_convex = h_convex if curvature == "convex" else ~h_convex
+                else:
+                    h_convex = torch.where(h_convex, curvature, ~curvature)
+            shape = _broadcast_shape(a.shape, w.shape)
+            points = [a.expand(shape), c.expand(shape)]
+            if h_convex is not False:
+                t = torch.minimum(torch.maximum(self.touch64(w, index, a, c), a), c)
+                points.append(t.expand(shape))
+            x = torch.stack(points)
+            h = _no_nan(side * (self.f64(x) - w * x), INF)
+            if h_convex is not False:
+                h = torch.cat([h[:2], torch.where(h_convex, h[2], INF).unsqueeze(0)])
+            raw, at = torch.min(h, dim=0)
+            raw_x = torch.gather(x, 0, at.unsqueeze(0)).squeeze(0)
+            raw = torch.where(inside, raw, torch.full_like(raw, INF))
+            if best is None:
+                best, best_x = raw, raw_x
+            else:
+                best_x = torch.where(raw < best, raw_x, best_x)
+                best = torch.minimum(best, raw)
+        return best_x
 
     # -- alpha-CROWN -------------------------------------------------------------------------
     def alpha_init(self, in_bounds):
