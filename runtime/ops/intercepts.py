@@ -347,8 +347,11 @@ class InterceptRelaxation(ElementwiseRelaxation):
         upper bound on its max. Returns (bound, the candidate point where it is attained).
         `side` may also be a tensor of +-1 broadcasting against w (both lines at once,
         stacked on a leading axis: `_relax`); each entry gets the bits it gets alone."""
+        pieces = list(self._pieces_within(lo, hi))
+        if self._stackable(pieces, side):
+            return self._intercept64_stacked(pieces, w, side)
         best = best_x = best_raw = None
-        for index, a, c, inside, curvature in self._pieces_within(lo, hi):
+        for index, a, c, inside, curvature in pieces:
             width = c - a
             # h = side * g is convex where f is convex (lower line) or concave (upper line):
             # the tangent at any candidate x bounds h on [a, c] from below; else h is concave
@@ -376,6 +379,62 @@ class InterceptRelaxation(ElementwiseRelaxation):
                 best_x = torch.where(raw < best_raw, raw_x, best_x)
                 best_raw = torch.minimum(best_raw, raw)
         return side * best, best_x
+
+    def _stackable(self, pieces, side) -> bool:
+        """Whether every piece's candidates can be evaluated in one stacked call: both lines
+        at once (then every non-linear piece has a touching point on one side), several
+        pieces, none linear, and one derivative formula for all of them."""
+        return (isinstance(side, torch.Tensor) and len(pieces) > 1
+                and type(self).piece_df64 is InterceptRelaxation.piece_df64
+                and not any(isinstance(p[4], str) and p[4] == "linear" for p in pieces))
+
+    def _stacked_candidates(self, pieces, w, side):
+        """(x, h_convex, inside) stacked over pieces (axis 0) and candidates a, c, touching
+        point (axis 1): what `_piece_bound` evaluates piece by piece."""
+        shape = _broadcast_shape(pieces[0][1].shape, w.shape)
+        xs, convex, inside = [], [], []
+        for index, a, c, within, curvature in pieces:
+            h_convex = side > 0
+            if isinstance(curvature, str):
+                h_convex = h_convex if curvature == "convex" else ~h_convex
+            else:
+                h_convex = torch.where(h_convex, curvature, ~curvature)
+            t = torch.minimum(torch.maximum(self.touch64(w, index, a, c), a), c)
+            xs.append(torch.stack([a.expand(shape), c.expand(shape), t.expand(shape)]))
+            convex.append(h_convex.expand(shape))
+            inside.append(within.expand(shape))
+        return torch.stack(xs), torch.stack(convex), torch.stack(inside)
+
+    @staticmethod
+    def _first_min(h, x, inside, h_convex):
+        """The candidate of least h (no touching point where h is concave, nothing outside
+        the interval), the first of equals in piece-major order: `_intercept64`'s choice."""
+        h = torch.cat([h[:, :2], torch.where(h_convex, h[:, 2], INF).unsqueeze(1)], dim=1)
+        h = torch.where(inside.unsqueeze(1), h, INF)
+        n = h.shape[0] * h.shape[1]
+        _, at = torch.min(h.reshape(n, *h.shape[2:]), dim=0)
+        return torch.gather(x.reshape(n, *x.shape[2:]), 0, at.unsqueeze(0)).squeeze(0)
+
+    def _intercept64_stacked(self, pieces, w, side):
+        """`_intercept64` with every piece in one evaluation (the same formulas per entry:
+        the same bits)."""
+        x, h_convex, inside = self._stacked_candidates(pieces, w, side)
+        a, c = x[:, 0:1], x[:, 1:2]
+        width = c - a
+        fx = self.f64(x)
+        h = side * (fx - w * x)
+        err = self.err64(x, fx) + EPS * (w * x).abs() + TINY
+        if self.piece_err:
+            err = err + self.piece_err * width
+        ends = torch.amin(_no_nan(h[:, :2] - err[:, :2], -INF), dim=1)
+        df = self.df64(x)
+        dh = side * (df - w)
+        err = err + (self.derr64(x, df) + EPS * w.abs()) * width
+        tangent = torch.amax(_no_nan(h + torch.minimum(dh * (a - x), dh * (c - x)) - err, -INF),
+                             dim=1)
+        bound = torch.where(inside, torch.where(h_convex, tangent, ends), INF)
+        best_x = self._first_min(_no_nan(h, INF), x, inside, h_convex)
+        return side * torch.amin(bound, dim=0), best_x
 
     def _piece_bound(self, index, a, c, width, w, side, h_convex):
         """(a lower bound on min of h = side (f - w x) over [a, c], the smallest candidate
@@ -470,8 +529,13 @@ class InterceptRelaxation(ElementwiseRelaxation):
         """The candidate point where side (f - w x) is smallest over [lo, hi]: the point
         `_intercept64` returns, found from the candidates' values alone (the same values,
         compared in the same order: the same point)."""
+        pieces = list(self._pieces_within(lo, hi))
+        if self._stackable(pieces, side):
+            x, h_convex, inside = self._stacked_candidates(pieces, w, side)
+            return self._first_min(_no_nan(side * (self.f64(x) - w * x), INF), x, inside,
+                                   h_convex)
         best = best_x = None
-        for index, a, c, inside, curvature in self._pieces_within(lo, hi):
+        for index, a, c, inside, curvature in pieces:
             if isinstance(curvature, str) and curvature == "linear":
                 h_convex = False
             else:
