@@ -393,6 +393,13 @@ class InterceptRelaxation(ElementwiseRelaxation):
         point (axis 1): what `_piece_bound` evaluates piece by piece."""
         shape = _broadcast_shape(pieces[0][1].shape, w.shape)
         xs, convex, inside = [], [], []
+        try:
+            self._stack_candidates(pieces, w, side, shape, xs, convex, inside)
+        finally:        # touch64 may memoise over the pieces of one call (smooth.py)
+            self.__dict__.pop("_touch_memo", None)
+        return torch.stack(xs), torch.stack(convex), torch.stack(inside)
+
+    def _stack_candidates(self, pieces, w, side, shape, xs, convex, inside):
         for index, a, c, within, curvature in pieces:
             h_convex = side > 0
             if isinstance(curvature, str):
@@ -403,7 +410,6 @@ class InterceptRelaxation(ElementwiseRelaxation):
             xs.append(torch.stack([a.expand(shape), c.expand(shape), t.expand(shape)]))
             convex.append(h_convex.expand(shape))
             inside.append(within.expand(shape))
-        return torch.stack(xs), torch.stack(convex), torch.stack(inside)
 
     @staticmethod
     def _first_min(h, x, inside, h_convex):

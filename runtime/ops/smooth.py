@@ -26,8 +26,9 @@ NEWTON_STEPS = 5    # far-endpoint tangents of mixed intervals (4 measured enoug
 
 
 def _sig(x):
-    """1 / (1 + e^-x) in the dtype of x; saturates to 0 / 1 without inf or NaN."""
-    return 1.0 / (1.0 + torch.exp(-x))
+    """1 / (1 + e^-x) in the dtype of x; saturates to 0 / 1 without inf or NaN. (reciprocal:
+    the bits of 1.0 / t, which torch computes as t.reciprocal() * 1.0, one kernel less.)"""
+    return torch.reciprocal(1.0 + torch.exp(-x))
 
 
 class SShaped(InterceptRelaxation):
@@ -47,7 +48,14 @@ class SShaped(InterceptRelaxation):
         raise NotImplementedError
 
     def touch64(self, w, piece, a=None, c=None):
-        x = self.touch_positive64(w.clamp(1e-300, self.max_slope))
+        # both pieces ask for the same slopes in turn (`_stacked_candidates`, which drops
+        # the memo after its loop): computed once
+        memo = getattr(self, "_touch_memo", None)
+        if memo is not None and memo[0] is w:
+            x = memo[1]
+        else:
+            x = self.touch_positive64(w.clamp(1e-300, self.max_slope))
+            self._touch_memo = (w, x)
         return -x if piece == 0 else x
 
     def default_slopes64(self, lo, hi):
@@ -133,8 +141,9 @@ class Sigmoid(SShaped):
     def touch_positive64(self, w):
         # s (1 - s) = w with s = (1 + q) / 2, q = sqrt(1 - 4w): x = logit(s)
         # = log(s / (1 - s)) = 2 log(1 + q) - log(4w), without cancellation for small w
-        q = torch.sqrt((1 - 4 * w).clamp(min=0))
-        return 2 * torch.log(1 + q) - torch.log(4 * w)
+        w4 = 4 * w
+        q = torch.sqrt((1 - w4).clamp(min=0))
+        return 2 * torch.log(1 + q) - torch.log(w4)
 
 
 @register_op
