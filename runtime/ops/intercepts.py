@@ -59,7 +59,7 @@ F64 = torch.float64
 EPS = 2.0 ** -46        # relative float64 error allowed per evaluated term (64 ulps)
 TINY = 2.0 ** -126      # absolute slack: the smallest normal float32 (no denormal intercepts)
 HUGE = 2.0 ** 32        # beyond this a line buys nothing over the constant bounds
-BISECTION_STEPS = 48    # S-shaped CROWN tangent points (smooth.py; any result is sound)
+BISECTION_STEPS = 48    # `bisect`'s default (S-shaped tangents: Newton, smooth.NEWTON_STEPS)
 TOUCH_STEPS = 32        # touching points by bisection: off by 2^-32 of the piece, which
                         # loosens a bound by ~ f'' width^2 2^-32 (any result is sound)
 ENVELOPE_STEPS = 20     # CROWN's slopes of a mixed-curvature interval: the line's value at
