@@ -59,7 +59,7 @@ F64 = torch.float64
 EPS = 2.0 ** -46        # relative float64 error allowed per evaluated term (64 ulps)
 TINY = 2.0 ** -126      # absolute slack: the smallest normal float32 (no denormal intercepts)
 HUGE = 2.0 ** 32        # beyond this a line buys nothing over the constant bounds
-BISECTION_STEPS = 48    # S-shaped CROWN tangent points (smooth.py; any result is sound)
+BISECTION_STEPS = 48    # `bisect`'s default (S-shaped tangents: Newton, smooth.NEWTON_STEPS)
 TOUCH_STEPS = 32        # touching points by bisection: off by 2^-32 of the piece, which
                         # loosens a bound by ~ f'' width^2 2^-32 (any result is sound)
 ENVELOPE_STEPS = 20     # CROWN's slopes of a mixed-curvature interval: the line's value at
@@ -71,6 +71,7 @@ ENVELOPE_STEPS = 20     # CROWN's slopes of a mixed-curvature interval: the line
 # optimum that lies near CROWN's slopes.
 ALPHA_SPAN = 12.0
 INF = math.inf
+_SIDES = torch.tensor([1.0, -1.0], dtype=torch.float64)   # lower line, upper line
 
 
 def round_down(x64: torch.Tensor) -> torch.Tensor:
@@ -100,6 +101,17 @@ def bisect(fn, a, b, steps: int = BISECTION_STEPS):
         above = fn(m) > 0
         b, a = torch.where(above, m, b), torch.where(above, a, m)
     return (a + b) / 2
+
+
+def _broadcast_shape(*shapes) -> tuple[int, ...]:
+    """torch.broadcast_shapes for valid shapes, without its Python-side checks (~100 us)."""
+    rank = max(len(s) for s in shapes)
+    out = [1] * rank
+    for shape in shapes:
+        for i, n in enumerate(shape, rank - len(shape)):
+            if n != 1:
+                out[i] = n
+    return tuple(out)
 
 
 def _margin(v: torch.Tensor) -> torch.Tensor:
@@ -277,29 +289,29 @@ class InterceptRelaxation(ElementwiseRelaxation):
             span = self._cached("_slope_ranges", lo, hi, lambda: self.slope_range64(L, U))
             wl = self.alpha_slopes64(L, U, a[:, :, 0], span)
             wu = self.alpha_slopes64(L, U, a[:, :, 1], span)
-        wl32 = to_slope(torch.where(sloped, wl, zero))
-        wu32 = to_slope(torch.where(sloped, wu, zero))
+        # both lines at once, stacked on a leading axis: entry 0 the lower line, 1 the upper
+        w32 = to_slope(torch.where(sloped, torch.stack(torch.broadcast_tensors(wl, wu)), zero))
+        side = _SIDES.to(w32.device).reshape(2, *([1] * (w32.dim() - 1)))
         rmin, rmax = self.range64(l64, u64)
         r0, r1 = self.value_range
-        out = []
-        for side, w32, const in ((1.0, wl32, rmin), (-1.0, wu32, rmax)):
-            b64, x_arg = self._intercept64(L, U, w32.detach().to(F64), side)
-            const = const - side * _margin(const)
-            b64 = torch.where(sloped, b64, const)
-            rounded = round_down if side > 0 else round_up
-            b32 = rounded(b64)
-            # a slope or an intercept beyond float32: the constant line instead
-            bad = sloped & ~(torch.isfinite(b32) & torch.isfinite(w32.detach()))
-            if bool(bad.any()):
-                w32 = torch.where(bad, torch.zeros_like(w32), w32)
-                b32 = torch.where(bad, rounded(const), b32)
-            # a constant line may stop at the function's range (f lies inside it)
-            flat = b32.clamp(min=r0) if side > 0 else b32.clamp(max=r1)
-            b32 = torch.where(w32.detach() == 0, flat, b32)
-            if w32.requires_grad:       # d(intercept)/d(slope) = -x*, forward bits unchanged
-                x_arg = torch.where(sloped & ~bad, x_arg, zero).to(torch.float32)
-                b32 = b32 + (w32 - w32.detach()) * (-x_arg)
-            out.append((w32, b32))
+        b64, x_arg = self._intercept64(L, U, w32.detach().to(F64), side)
+        const = torch.stack([rmin, rmax])
+        const = const - side * _margin(const)
+        b64 = torch.where(sloped, b64, const)
+        # down for the lower line, up for the upper one (round_up(x) = -round_down(-x))
+        b32 = side.to(torch.float32) * round_down(side * b64)
+        # a slope or an intercept beyond float32: the constant line instead
+        bad = sloped & ~(torch.isfinite(b32) & torch.isfinite(w32.detach()))
+        if bool(bad.any()):
+            w32 = torch.where(bad, torch.zeros_like(w32), w32)
+            b32 = torch.where(bad, side.to(torch.float32) * round_down(side * const), b32)
+        # a constant line may stop at the function's range (f lies inside it)
+        flat = torch.stack([b32[0].clamp(min=r0), b32[1].clamp(max=r1)])
+        b32 = torch.where(w32.detach() == 0, flat, b32)
+        if w32.requires_grad:       # d(intercept)/d(slope) = -x*, forward bits unchanged
+            x_arg = torch.where(sloped & ~bad, x_arg, zero).to(torch.float32)
+            b32 = b32 + (w32 - w32.detach()) * (-x_arg)
+        out = [(w32[0], b32[0]), (w32[1], b32[1])]
         return Lines(out[0][0], out[0][1], out[1][0], out[1][1])
 
     def _pieces_within(self, lo, hi):
@@ -330,23 +342,34 @@ class InterceptRelaxation(ElementwiseRelaxation):
         ok = torch.isfinite(smin) & torch.isfinite(smax)
         return torch.where(ok, smin, torch.zeros_like(smin)), torch.where(ok, smax, torch.zeros_like(smax))
 
-    def _intercept64(self, lo, hi, w, side: float):
+    def _intercept64(self, lo, hi, w, side):
         """side +1: a float64 lower bound on min over [lo, hi] of g = f - w x; side -1: an
-        upper bound on its max. Returns (bound, the candidate point where it is attained)."""
+        upper bound on its max. Returns (bound, the candidate point where it is attained).
+        `side` may also be a tensor of +-1 broadcasting against w (both lines at once,
+        stacked on a leading axis: `_relax`); each entry gets the bits it gets alone."""
+        pieces = list(self._pieces_within(lo, hi))
+        if self._stackable(pieces, side):
+            return self._intercept64_stacked(pieces, w, side)
         best = best_x = best_raw = None
-        for index, a, c, inside, curvature in self._pieces_within(lo, hi):
+        for index, a, c, inside, curvature in pieces:
             width = c - a
-            if isinstance(curvature, str):
-                # h = side * g is convex here: the tangent at any candidate x bounds h on [a, c]
-                # from below; else h is concave (or linear) and its minimum is at an endpoint.
-                h_convex = curvature != "linear" and (curvature == "convex") == (side > 0)
-                bound, raw, raw_x = self._piece_bound(index, a, c, width, w, side, h_convex)
-            else:               # curvature per element: both, chosen per element
+            # h = side * g is convex where f is convex (lower line) or concave (upper line):
+            # the tangent at any candidate x bounds h on [a, c] from below; else h is concave
+            # (or linear) and its minimum is at an endpoint. Per side, and per element where
+            # the curvature is (periodic functions).
+            if isinstance(curvature, str) and curvature == "linear":
+                h_convex = False
+            elif isinstance(side, torch.Tensor):
+                h_convex = side > 0
+                if isinstance(curvature, str):
+                    h_convex = h_convex if curvature == "convex" else ~h_convex
+                else:
+                    h_convex = torch.where(h_convex, curvature, ~curvature)
+            elif isinstance(curvature, str):
+                h_convex = (curvature == "convex") == (side > 0)
+            else:
                 h_convex = curvature if side > 0 else ~curvature
-                tb, traw, tx = self._piece_bound(index, a, c, width, w, side, True)
-                eb, eraw, ex = self._piece_bound(index, a, c, width, w, side, False)
-                bound = torch.where(h_convex, tb, eb)
-                raw, raw_x = torch.where(h_convex, traw, eraw), torch.where(h_convex, tx, ex)
+            bound, raw, raw_x = self._piece_bound(index, a, c, width, w, side, h_convex)
             bound = torch.where(inside, bound, torch.full_like(bound, INF))
             raw = torch.where(inside, raw, torch.full_like(raw, INF))
             if best is None:
@@ -357,37 +380,105 @@ class InterceptRelaxation(ElementwiseRelaxation):
                 best_raw = torch.minimum(best_raw, raw)
         return side * best, best_x
 
-    def _piece_bound(self, index, a, c, width, w, side, h_convex: bool):
+    def _stackable(self, pieces, side) -> bool:
+        """Whether every piece's candidates can be evaluated in one stacked call: both lines
+        at once (then every non-linear piece has a touching point on one side), several
+        pieces, none linear, and one derivative formula for all of them."""
+        return (isinstance(side, torch.Tensor) and len(pieces) > 1
+                and type(self).piece_df64 is InterceptRelaxation.piece_df64
+                and not any(isinstance(p[4], str) and p[4] == "linear" for p in pieces))
+
+    def _stacked_candidates(self, pieces, w, side):
+        """(x, h_convex, inside) stacked over pieces (axis 0) and candidates a, c, touching
+        point (axis 1): what `_piece_bound` evaluates piece by piece."""
+        shape = _broadcast_shape(pieces[0][1].shape, w.shape)
+        xs, convex, inside = [], [], []
+        try:
+            self._stack_candidates(pieces, w, side, shape, xs, convex, inside)
+        finally:        # touch64 may memoise over the pieces of one call (smooth.py)
+            self.__dict__.pop("_touch_memo", None)
+        return torch.stack(xs), torch.stack(convex), torch.stack(inside)
+
+    def _stack_candidates(self, pieces, w, side, shape, xs, convex, inside):
+        for index, a, c, within, curvature in pieces:
+            h_convex = side > 0
+            if isinstance(curvature, str):
+                h_convex = h_convex if curvature == "convex" else ~h_convex
+            else:
+                h_convex = torch.where(h_convex, curvature, ~curvature)
+            t = torch.minimum(torch.maximum(self.touch64(w, index, a, c), a), c)
+            xs.append(torch.stack([a.expand(shape), c.expand(shape), t.expand(shape)]))
+            convex.append(h_convex.expand(shape))
+            inside.append(within.expand(shape))
+
+    @staticmethod
+    def _first_min(h, x, inside, h_convex):
+        """The candidate of least h (no touching point where h is concave, nothing outside
+        the interval), the first of equals in piece-major order: `_intercept64`'s choice."""
+        h = torch.cat([h[:, :2], torch.where(h_convex, h[:, 2], INF).unsqueeze(1)], dim=1)
+        h = torch.where(inside.unsqueeze(1), h, INF)
+        n = h.shape[0] * h.shape[1]
+        _, at = torch.min(h.reshape(n, *h.shape[2:]), dim=0)
+        return torch.gather(x.reshape(n, *x.shape[2:]), 0, at.unsqueeze(0)).squeeze(0)
+
+    def _intercept64_stacked(self, pieces, w, side):
+        """`_intercept64` with every piece in one evaluation (the same formulas per entry:
+        the same bits)."""
+        x, h_convex, inside = self._stacked_candidates(pieces, w, side)
+        a, c = x[:, 0:1], x[:, 1:2]
+        width = c - a
+        fx = self.f64(x)
+        h = side * (fx - w * x)
+        err = self.err64(x, fx) + EPS * (w * x).abs() + TINY
+        if self.piece_err:
+            err = err + self.piece_err * width
+        ends = torch.amin(_no_nan(h[:, :2] - err[:, :2], -INF), dim=1)
+        df = self.df64(x)
+        dh = side * (df - w)
+        err = err + (self.derr64(x, df) + EPS * w.abs()) * width
+        tangent = torch.amax(_no_nan(h + torch.minimum(dh * (a - x), dh * (c - x)) - err, -INF),
+                             dim=1)
+        bound = torch.where(inside, torch.where(h_convex, tangent, ends), INF)
+        best_x = self._first_min(_no_nan(h, INF), x, inside, h_convex)
+        return side * torch.amin(bound, dim=0), best_x
+
+    def _piece_bound(self, index, a, c, width, w, side, h_convex):
         """(a lower bound on min of h = side (f - w x) over [a, c], the smallest candidate
-        value of h and its point) for h convex (tangents at a, c and the touching point) or
-        concave (the endpoints). A candidate whose bound is NaN (f' infinite there) is
-        dropped; an h that is NaN (outside f's domain) gives -inf."""
-        points = [a, c]
-        if h_convex:
-            points.append(torch.minimum(torch.maximum(self.touch64(w, index, a, c), a), c))
-        bound = raw = raw_x = None
-        for x in points:
-            fx = self.f64(x)
-            h = side * (fx - w * x)
-            err = self.err64(x, fx) + EPS * (w * x).abs() + TINY
-            if self.piece_err:
-                err = err + self.piece_err * width
-            if h_convex:
-                df = self.piece_df64(x, index)
-                dh = side * (df - w)
-                err = err + (self.derr64(x, df) + EPS * w.abs()) * width
-                b = _no_nan(h + torch.minimum(dh * (a - x), dh * (c - x)) - err, -INF)
-                bound = b if bound is None else torch.maximum(bound, b)
-            else:
-                b = _no_nan(h - err, -INF)
-                bound = b if bound is None else torch.minimum(bound, b)
-            h = _no_nan(h, INF)
-            if raw is None:
-                raw, raw_x = h, x
-            else:
-                raw_x = torch.where(h < raw, x, raw_x)
-                raw = torch.minimum(raw, h)
-        return bound, raw, raw_x
+        value of h and its point) where h is convex (tangents at a, c and the touching point)
+        or concave (the endpoints); h_convex is a bool, or a bool tensor choosing per entry.
+        A candidate whose bound is NaN (f' infinite there) is dropped; an h that is NaN
+        (outside f's domain) gives -inf. The candidates are stacked on a new leading axis
+        (one evaluation of f for all of them)."""
+        tangents = h_convex is not False
+        shape = _broadcast_shape(a.shape, w.shape)
+        points = [a.expand(shape), c.expand(shape)]
+        if tangents:
+            t = torch.minimum(torch.maximum(self.touch64(w, index, a, c), a), c)
+            points.append(t.expand(shape))
+        x = torch.stack(points)
+        fx = self.f64(x)
+        h = side * (fx - w * x)
+        err = self.err64(x, fx) + EPS * (w * x).abs() + TINY
+        if self.piece_err:
+            err = err + self.piece_err * width
+        if h_convex is not True:                # the endpoints' minimum
+            ends = torch.amin(_no_nan(h[:2] - err[:2], -INF), dim=0)
+        if tangents:                            # the tangents' maximum
+            df = self.piece_df64(x, index)
+            dh = side * (df - w)
+            err = err + (self.derr64(x, df) + EPS * w.abs()) * width
+            tangent = torch.amax(_no_nan(h + torch.minimum(dh * (a - x), dh * (c - x)) - err,
+                                         -INF), dim=0)
+        h = _no_nan(h, INF)
+        if h_convex is True:
+            bound = tangent
+        elif h_convex is False:
+            bound = ends
+        else:                                   # per entry; no touching point where concave
+            bound = torch.where(h_convex, tangent, ends)
+            h = torch.cat([h[:2], torch.where(h_convex, h[2], INF).unsqueeze(0)])
+        raw, at = torch.min(h, dim=0)           # the first of equal candidates
+        return bound, raw, torch.gather(x, 0, at.unsqueeze(0)).squeeze(0)
 
     # -- CROWN's slopes ------------------------------------------------------------------------
     def curvature64(self, lo, hi):
@@ -418,23 +509,65 @@ class InterceptRelaxation(ElementwiseRelaxation):
         mixed = ~(convex | concave)
         if bool(mixed.any()):
             lo_m, hi_m = lo[mixed], hi[mixed]
-            lower = lower.masked_scatter(mixed, self.envelope_slope64(lo_m, hi_m, 1.0))
-            upper = upper.masked_scatter(mixed, self.envelope_slope64(lo_m, hi_m, -1.0))
+            envelope = self.envelope_slopes64(lo_m, hi_m)
+            lower = lower.masked_scatter(mixed, envelope[0])
+            upper = upper.masked_scatter(mixed, envelope[1])
         return lower, upper
 
-    def envelope_slope64(self, lo, hi, side: float):
-        """The slope of the supporting line of f's convex (side +1) / concave (-1) envelope
-        over [lo, hi] at the midpoint: the line touching f where the tangent point of the
-        slope-w line crosses the midpoint (it moves right as w grows for the lower line, left
-        for the upper one)."""
+    def envelope_slopes64(self, lo, hi):
+        """The slopes (stacked: lower, upper) of the supporting lines of f's convex (lower)
+        / concave (upper) envelope over [lo, hi] at the midpoint: the line touching f where
+        the tangent point of the slope-w line crosses the midpoint (it moves right as w grows
+        for the lower line, left for the upper one). Bisection on w, both sides at once; each
+        step needs only where the line touches (`_argmin64`), not its intercept."""
         m = (lo + hi) / 2
-        a, b = self.slope_range64(lo, hi)
+        smin, smax = self.slope_range64(lo, hi)
+        a, b = torch.stack([smin, smin]), torch.stack([smax, smax])
+        side = _SIDES.to(lo.device).reshape(2, *([1] * lo.dim()))
         for _ in range(ENVELOPE_STEPS):
             w = (a + b) / 2
-            _, x = self._intercept64(lo, hi, w, side)
-            grow = (x < m) if side > 0 else (x > m)
+            x = self._argmin64(lo, hi, w, side)
+            grow = torch.where(side > 0, x < m, x > m)
             a, b = torch.where(grow, w, a), torch.where(grow, b, w)
         return (a + b) / 2
+
+    def _argmin64(self, lo, hi, w, side):
+        """The candidate point where side (f - w x) is smallest over [lo, hi]: the point
+        `_intercept64` returns, found from the candidates' values alone (the same values,
+        compared in the same order: the same point)."""
+        pieces = list(self._pieces_within(lo, hi))
+        if self._stackable(pieces, side):
+            x, h_convex, inside = self._stacked_candidates(pieces, w, side)
+            return self._first_min(_no_nan(side * (self.f64(x) - w * x), INF), x, inside,
+                                   h_convex)
+        best = best_x = None
+        for index, a, c, inside, curvature in pieces:
+            if isinstance(curvature, str) and curvature == "linear":
+                h_convex = False
+            else:
+                h_convex = side > 0
+                if isinstance(curvature, str):
+                    h_convex = h_convex if curvature == "convex" else ~h_convex
+                else:
+                    h_convex = torch.where(h_convex, curvature, ~curvature)
+            shape = _broadcast_shape(a.shape, w.shape)
+            points = [a.expand(shape), c.expand(shape)]
+            if h_convex is not False:
+                t = torch.minimum(torch.maximum(self.touch64(w, index, a, c), a), c)
+                points.append(t.expand(shape))
+            x = torch.stack(points)
+            h = _no_nan(side * (self.f64(x) - w * x), INF)
+            if h_convex is not False:
+                h = torch.cat([h[:2], torch.where(h_convex, h[2], INF).unsqueeze(0)])
+            raw, at = torch.min(h, dim=0)
+            raw_x = torch.gather(x, 0, at.unsqueeze(0)).squeeze(0)
+            raw = torch.where(inside, raw, torch.full_like(raw, INF))
+            if best is None:
+                best, best_x = raw, raw_x
+            else:
+                best_x = torch.where(raw < best, raw_x, best_x)
+                best = torch.minimum(best, raw)
+        return best_x
 
     # -- alpha-CROWN -------------------------------------------------------------------------
     def alpha_init(self, in_bounds):
