@@ -10,7 +10,7 @@ entries' bound methods, default the engines' own); rank 0
 writes, per entry and method, the bounds_sha256 and the memory ledger (max over ranks), and
 the bounds themselves when JOB has "bounds": true. An entry with "specs" (spec.json files as
 `shardbound verify` writes them) is verified instead: per spec, the verdict and the SHA-256
-of its VNN-COMP result text.
+of its VNN-COMP result text and the stage that decided it.
 Loading many programs in one job keeps the multi-rank tests to a few process launches.
 """
 
@@ -104,7 +104,8 @@ def _verify_all(verifier, entry, comm) -> list[dict]:
         result = verify(verifier, read_spec(path), entry.get("verify_timeout", 120), comm)
         text = result.vnncomp_text()
         out.append({"dir": entry["dir"], "method": path, "verdict": result.verdict,
-                    "text": text, "sha": hashlib.sha256(text.encode()).hexdigest()})
+                    "text": text, "sha": hashlib.sha256(text.encode()).hexdigest(),
+                    "decided": None if result.decided is None else result.decided.stage})
     return out
 
 
