@@ -57,10 +57,10 @@ def random_box(rng, shape, radius=0.1, center_scale=1.0):
 # minutes after the other had finished). Most of them start rank jobs; a name that no longer
 # matches only loses its place.
 HEAVY_FIRST = (
-    "tests/test_op_zoo.py",             # ~120 s
+    "tests/test_op_zoo.py",             # ~105 s
     "tests/ops/test_gated.py",          # ~100
-    "fsdp_zoo",                         # ~70 (test_fsdp.py and test_determinism.py)
     "tests/test_verify_tp.py",          # ~60
+    "fsdp_zoo",                         # ~45 (test_fsdp.py and test_determinism.py)
     "tests/ops/test_exponential.py",    # ~40
     "tests/test_tp.py",                 # ~40
     "tests/ops/test_smooth_widths.py",  # ~35
@@ -68,9 +68,9 @@ HEAVY_FIRST = (
     "tests/ops/test_movement.py",       # ~23
     "tests/ops/test_activation.py",     # ~20
     "tests/test_streaming.py",          # ~20
-    "tests/test_budget.py",             # ~18 (and mostly waiting: 6 tests of 10-20 s each)
     "tests/ops/test_smooth.py",         # ~16
     "tests/test_torch_export.py",       # ~16
+    "tests/test_budget.py",             # ~15 (and mostly waiting: 6 tests of 10-20 s each)
     "tests/test_cli_errors.py",         # ~15
     "tests/test_zoo_soundness.py",      # ~15
 )
