@@ -24,8 +24,15 @@ def compile_to(model_path: str, out_dir: str, **options) -> str:
     return out_dir
 
 
+# alpha-CROWN's (and full alpha-CROWN's) iterations in the rank jobs' bounds, instead of the
+# engines' 20: the optimisation was ~85% of a rank's work, and the bitwise claim is the same
+# after any number of steps (each one a sharded backward pass, its reductions and an Adam
+# update of every alpha). verify's own optimisations (entries with "specs") keep theirs.
+ALPHA_ITERATIONS = 5
+
+
 def run_job(tmp_path, entries, methods, nproc, threads=1, tag="job", bounds=False,
-            gradients=False) -> dict:
+            gradients=False, alpha_iterations=ALPHA_ITERATIONS) -> dict:
     """Results of tests/rank_driver.py run on `nproc` ranks: {(dir, method): result}; with
     `gradients`, also {(dir, "gradient"): forward values and input gradients}."""
     from shardbound.runtime.parallel.launch import launch
@@ -34,7 +41,8 @@ def run_job(tmp_path, entries, methods, nproc, threads=1, tag="job", bounds=Fals
     out = tmp_path / f"{tag}_{nproc}_out.json"
     job.write_text(json.dumps({"entries": entries, "methods": methods, "threads": threads,
                                "timeout": 180, "bounds": bounds,
-                               "gradients": gradients}))
+                               "gradients": gradients,
+                               "alpha_iterations": alpha_iterations}))
     if nproc == 1:
         from rank_driver import main
 
@@ -129,29 +137,35 @@ FSDP_METHODS = ["ibp", "crown", "alpha-crown"]
 FSDP_WORLDS = (1, 2, 3, 4)
 
 
-def fsdp_jobs(tmp, pairs, methods=FSDP_METHODS) -> dict:
+def fsdp_jobs(tmp, pair_sets: dict, methods=FSDP_METHODS) -> dict:
     """compile_pairs' fsdp pairs run the way the determinism tests need: the single programs
     in process on 1 and on 2 threads ("t1", "t2"), the fsdp programs on P = 1..4 ranks
     ({P: results} under "fsdp"; 2 threads per rank at P = 2), every result with its memory
-    ledger (max over ranks)."""
-    singles = [s for _, s, _ in pairs]
-    return {"pairs": pairs,
-            "t1": run_job(tmp, singles, methods, 1, threads=1, tag="t1"),
-            "t2": run_job(tmp, singles, methods, 1, threads=2, tag="t2"),
-            "fsdp": {P: run_job(tmp, [f for _, _, f in pairs], methods, P, threads=1 + (P == 2),
-                                tag="fsdp") for P in FSDP_WORLDS}}
+    ledger (max over ranks). `pair_sets` ({name: pairs}) share the jobs (one launch per P for
+    all); the answer has the same keys, each {"pairs": its pairs, "t1", "t2", "fsdp"} (the
+    result dicts, keyed by program directory, hold every set's)."""
+    singles = [s for pairs in pair_sets.values() for _, s, _ in pairs]
+    fsdps = [f for pairs in pair_sets.values() for _, _, f in pairs]
+    t1 = run_job(tmp, singles, methods, 1, threads=1, tag="t1")
+    t2 = run_job(tmp, singles, methods, 1, threads=2, tag="t2")
+    fsdp = {P: run_job(tmp, fsdps, methods, P, threads=1 + (P == 2), tag="fsdp")
+            for P in FSDP_WORLDS}
+    return {name: {"pairs": pairs, "t1": t1, "t2": t2, "fsdp": fsdp}
+            for name, pairs in pair_sets.items()}
 
 
 FSDP_ZOO_MODELS = ("mlp", "cnn_batchnorm", "residual", "cnn_avgpool", "layout_ops")
+# test_determinism.py's `exact` programs: other models' seeds and boxes, ACAS Xu 1_9
+FSDP_EXACT_MODELS = ("mlp", "cnn_batchnorm", "residual", "cnn_avgpool")
 _FSDP_ZOO: dict = {}
 
 
-def fsdp_zoo_runs(tmp_path_factory) -> dict:
-    """fsdp_jobs of the zoo models FSDP_ZOO_MODELS (and the shared networks when present),
-    compiled single and fsdp under `blocked`: computed once per process, read by
-    test_fsdp.py (bitwise for P = 1..4, resident weights, the memory plan) and by
-    test_determinism.py (threads and world sizes), which checked these same programs in
-    jobs of their own before."""
+def fsdp_zoo_runs(tmp_path_factory, order: str = "blocked") -> dict:
+    """fsdp_jobs of two sets, computed once per process in the same jobs: "blocked", the zoo
+    models FSDP_ZOO_MODELS (and the shared networks when present) compiled single and fsdp
+    under `blocked`, read by test_fsdp.py (bitwise for P = 1..4, resident weights, the memory
+    plan) and by test_determinism.py (threads and world sizes); "exact", test_determinism.py's
+    FSDP_EXACT_MODELS and shared networks under `exact` (its own jobs before: 9 more ranks)."""
     if not _FSDP_ZOO:
         tmp = tmp_path_factory.mktemp("fsdp_zoo")
         cases = zoo_cases(tmp, FSDP_ZOO_MODELS, seed=11, radius=0.2) + shared_cases()
@@ -159,5 +173,10 @@ def fsdp_zoo_runs(tmp_path_factory) -> dict:
         for name, s, f in pairs:        # full alpha-CROWN: the zoo models (blocked: the claim)
             if name in FSDP_ZOO_MODELS:
                 s["extra_methods"] = f["extra_methods"] = ["full-alpha-crown"]
-        _FSDP_ZOO.update(fsdp_jobs(tmp, pairs))
-    return _FSDP_ZOO
+        exact_tmp = tmp / "exact"
+        exact_tmp.mkdir()
+        exact_cases = (zoo_cases(exact_tmp, FSDP_EXACT_MODELS, seed=21, radius=0.2)
+                       + shared_cases("1_9", (-0.3, -0.2, -0.5, 0.3, 0.3), 0.1, mnist_seed=4))
+        exact = compile_pairs(exact_tmp, exact_cases, "fsdp", summation="exact")
+        _FSDP_ZOO.update(fsdp_jobs(tmp, {"blocked": pairs, "exact": exact}))
+    return _FSDP_ZOO[order]

@@ -5,16 +5,18 @@ methods, or "crown-prior": CROWN on a sub-box with the box's bounds as a prior; 
 methods, or "crown-prior": CROWN on a sub-box with the box's bounds as a prior; an entry's own
 "methods" list, when it has one, replaces the job's for that entry, its "extra_methods" run on
 it besides; "gradients": true, in the job or in an entry, adds forward values and input
-gradients); rank 0
+gradients; "alpha_iterations": the iteration count of alpha-CROWN and full alpha-CROWN in the
+entries' bound methods, default the engines' own); rank 0
 writes, per entry and method, the bounds_sha256 and the memory ledger (max over ranks), and
 the bounds themselves when JOB has "bounds": true. An entry with "specs" (spec.json files as
 `shardbound verify` writes them) is verified instead: per spec, the verdict and the SHA-256
-of its VNN-COMP result text.
+of its VNN-COMP result text and the stage that decided it.
 Loading many programs in one job keeps the multi-rank tests to a few process launches.
 """
 
 import json
 import sys
+from contextlib import contextmanager
 
 import torch
 
@@ -45,7 +47,8 @@ def main(job_path, out_path):
             if method == "crown-prior":
                 lb, ub = _crown_with_prior(verifier, entry)
             else:
-                lb, ub = verifier.bounds(entry["lower"], entry["upper"], method=method)
+                with alpha_iterations(job.get("alpha_iterations")):
+                    lb, ub = verifier.bounds(entry["lower"], entry["upper"], method=method)
             memory = max_over_ranks(comm.all_gather_objects(verifier.network.ledger.report()))
             memory["predicted"] = predicted_peak(verifier, comm, method, lb)
             result = {"dir": entry["dir"], "method": method,
@@ -62,6 +65,34 @@ def main(job_path, out_path):
         exit_rank(0)                  # skip the gloo teardown (see runtime.dist.exit_rank)
 
 
+@contextmanager
+def alpha_iterations(n):
+    """alpha-CROWN and full alpha-CROWN run `n` iterations (None: their defaults) inside: their
+    default argument, so the bounds take the product's own path (Verifier.bounds -> Network.
+    bounds -> the engine). The jobs' bitwise comparisons hold for any count; the optimisation
+    is most of a rank's work, and a few steps already move every alpha through the sharded
+    backward passes and their reductions."""
+    if n is None:
+        yield
+        return
+    from shardbound.runtime.engine.alpha import alpha_crown
+    from shardbound.runtime.engine.full_alpha import full_alpha_crown
+
+    saved = []
+    for fn in (alpha_crown, full_alpha_crown):
+        code, defaults = fn.__code__, fn.__defaults__
+        names = code.co_varnames[code.co_argcount - len(defaults):code.co_argcount]
+        assert "iterations" in names, fn.__name__       # the engine's signature moved
+        saved.append((fn, defaults, names.index("iterations")))
+    try:
+        for fn, defaults, i in saved:
+            fn.__defaults__ = (*defaults[:i], int(n), *defaults[i + 1:])
+        yield
+    finally:
+        for fn, defaults, _ in saved:
+            fn.__defaults__ = defaults
+
+
 def _verify_all(verifier, entry, comm) -> list[dict]:
     import hashlib
 
@@ -73,7 +104,8 @@ def _verify_all(verifier, entry, comm) -> list[dict]:
         result = verify(verifier, read_spec(path), entry.get("verify_timeout", 120), comm)
         text = result.vnncomp_text()
         out.append({"dir": entry["dir"], "method": path, "verdict": result.verdict,
-                    "text": text, "sha": hashlib.sha256(text.encode()).hexdigest()})
+                    "text": text, "sha": hashlib.sha256(text.encode()).hexdigest(),
+                    "decided": None if result.decided is None else result.decided.stage})
     return out
 
 

@@ -1,9 +1,10 @@
 """The real console scripts on bad input: exit code 2, one `error:` line naming the culprit.
 
-Every case runs `compile`, `shardbound` or `python DIR/program.py` in a subprocess, exactly as a
-user would. The error cases are independent, so a module fixture starts them all at once (a
-thread pool of subprocesses) and each parametrized test checks one result; this keeps the
-file fast although every process imports torch.
+Every case calls an entry point (`compile`, `shardbound`, `python DIR/program.py`) with its
+command line in this process and checks what it printed and its exit code (SystemExit), as a
+user would see them; one case per entry point also runs as a real subprocess (a thread pool
+starts them at once), so the exit code and the absence of a traceback hold in a process of
+its own too.
 
 Plus one happy path: compile -> `shardbound run --json` -> `python program.py` -> `inspect`,
 with the bounds hash recomputed here from the JSON numbers.
@@ -150,42 +151,42 @@ def _program(rel_dir):
     return [sys.executable, os.path.join(rel_dir, "program.py")]
 
 
-# case id -> (argv, substrings the error line must contain). Each runs as a real process.
+# case id -> (entry point, argv, substrings the error line must contain). Most run in this
+# process: the same code path as the console scripts (argparse, `guarded`, the error checks)
+# without an interpreter and a torch import per case (each subprocess cost ~3 CPU-s). One case
+# per entry point (the `compile` script, `python -m shardbound.compiler.cli`, `python
+# DIR/program.py`) also runs as a real process: the exit code, stderr and no traceback as a
+# user sees them; test_happy_path runs every entry point as a process too.
 CASES = {
-    "unsupported_hardmax": (COMPILE + ["hardmax.onnx", "-o", "out_hardmax"],
+    "unsupported_hardmax": ("compile", ["hardmax.onnx", "-o", "out_hardmax"],
                             ["hardmax.onnx", "'squash'", "Hardmax", "opset 13",
                              "supported ops:", "Gemm", "Relu", "Conv"]),
-    "unsupported_lppool": (COMPILE + ["lppool.onnx", "-o", "out_lppool"],
+    "unsupported_lppool": ("compile", ["lppool.onnx", "-o", "out_lppool"],
                            ["lppool.onnx", "'pool/lp'", "LpPool", "opset 12",
                             "supported ops:", "AveragePool"]),
-    "every_unsupported_op": (COMPILE + ["two_unsupported.onnx", "-o", "out_two"],
+    "every_unsupported_op": ("compile", ["two_unsupported.onnx", "-o", "out_two"],
                              ["two_unsupported.onnx", "2 unsupported op(s)", "Hardmax",
                               "'first_hardmax'", "LpNormalization", "'lpn'", "opset 13"]),
-    "malformed_random_bytes": (COMPILE + ["random.onnx", "-o", "out_random"], ["random.onnx"]),
-    "malformed_truncated": (COMPILE + ["truncated.onnx", "-o", "out_truncated"],
+    "malformed_random_bytes": ("compile", ["random.onnx", "-o", "out_random"], ["random.onnx"]),
+    "malformed_truncated": ("compile", ["truncated.onnx", "-o", "out_truncated"],
                             ["truncated.onnx"]),
-    "malformed_empty": (COMPILE + ["empty.onnx", "-o", "out_empty"], ["empty.onnx"]),
-    "malformed_missing": (SHARDBOUND + ["compile", "missing.onnx", "-o", "out_missing"],
+    "malformed_empty": ("compile", ["empty.onnx", "-o", "out_empty"], ["empty.onnx"]),
+    "malformed_missing": ("shardbound", ["compile", "missing.onnx", "-o", "out_missing"],
                           ["missing.onnx"]),
-    "dynamic_input_dim": (COMPILE + ["dynamic.onnx", "-o", "out_dynamic"],
+    "dynamic_input_dim": ("compile", ["dynamic.onnx", "-o", "out_dynamic"],
                           ["dynamic.onnx", "'images'", "axis 1"]),
-    "batched_constant_matmul": (COMPILE + ["square.onnx", "-o", "out_square"],
+    "batched_constant_matmul": ("compile", ["square.onnx", "-o", "out_square"],
                                 ["square.onnx", "'square_me'", "MatMul"]),
-    "box_lower_too_short": (SHARDBOUND + ["run", "prog", "--box", "short_lower.json"],
+    "box_lower_too_short": ("shardbound", ["run", "prog", "--box", "short_lower.json"],
                             ["short_lower.json", "'lower'", "5", "6"]),
-    "box_lower_above_upper": (_program("prog") + ["--box", "crossed.json"],
+    "box_lower_above_upper": ("program", ["--box", "crossed.json"],
                               ["crossed.json", "lower[3]", "upper[3]", "2.5"]),
-    "box_not_json": (SHARDBOUND + ["run", "prog", "--box", "not_json.json"],
+    "box_not_json": ("shardbound", ["run", "prog", "--box", "not_json.json"],
                      ["not_json.json", "JSON"]),
-    "box_lacks_upper": (SHARDBOUND + ["run", "prog", "--box", "no_upper.json"],
+    "box_lacks_upper": ("shardbound", ["run", "prog", "--box", "no_upper.json"],
                         ["no_upper.json", "upper"]),
-    "run_on_empty_directory": (SHARDBOUND + ["run", "not_a_program", "--box", "ok.json"],
+    "run_on_empty_directory": ("shardbound", ["run", "not_a_program", "--box", "ok.json"],
                                ["not_a_program", "compile"]),
-}
-
-# More cases through the same entry points, called in this process (same code path: argparse,
-# `guarded`, the error checks) to keep the file fast: (entry point, argv, substrings).
-INPROC_CASES = {
     "unsupported_via_inspect": ("shardbound", ["inspect", "hardmax.onnx"],
                                 ["hardmax.onnx", "'squash'", "Hardmax", "opset 13"]),
     "malformed_directory": ("compile", ["a_directory.onnx", "-o", "out_dir"],
@@ -218,13 +219,17 @@ INPROC_CASES = {
     "bad_threads": ("shardbound", ["run", "prog", "--box", "ok.json", "--threads", "0"],
                     ["--threads", "0"]),
 }
+# The cases that also run as real processes: one per entry point.
+AS_PROCESS = ("unsupported_hardmax", "box_lower_too_short", "box_lower_above_upper")
+ENTRY_ARGV = {"compile": COMPILE, "shardbound": SHARDBOUND, "program": _program("prog")}
 
 
 @pytest.fixture(scope="module")
-def results(work):
-    workers = max(2, min(8, (os.cpu_count() or 2)))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {case: pool.submit(_run, argv, work) for case, (argv, _) in CASES.items()}
+def processes(work):
+    """The AS_PROCESS cases run as real processes, at once (a thread pool)."""
+    with ThreadPoolExecutor(max_workers=len(AS_PROCESS)) as pool:
+        futures = {case: pool.submit(_run, ENTRY_ARGV[CASES[case][0]] + CASES[case][1], work)
+                   for case in AS_PROCESS}
         return {case: f.result() for case, f in futures.items()}
 
 
@@ -267,21 +272,23 @@ def assert_user_error(r: subprocess.CompletedProcess, needles, label=""):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_user_error(results, case):
-    assert_user_error(results[case], CASES[case][1], case)
-
-
-@pytest.mark.parametrize("case", sorted(INPROC_CASES))
-def test_user_error_in_process(work, capsys, monkeypatch, case):
-    entry, argv, needles = INPROC_CASES[case]
+def test_user_error(work, capsys, monkeypatch, case):
+    entry, argv, needles = CASES[case]
     assert_user_error(_in_process(entry, argv, work, capsys, monkeypatch), needles, case)
 
 
-def test_no_output_written_on_error(results, work):
+@pytest.mark.parametrize("case", AS_PROCESS)
+def test_user_error_as_a_process(processes, case):
+    assert_user_error(processes[case], CASES[case][2], case)
+
+
+def test_no_output_written_on_error(processes, work, capsys, monkeypatch):
+    assert processes["unsupported_hardmax"].returncode == 2
     for case in ("unsupported_hardmax", "dynamic_input_dim", "batched_constant_matmul",
                  "malformed_random_bytes"):
-        out = work / CASES[case][0][CASES[case][0].index("-o") + 1]
-        assert results[case].returncode == 2
+        entry, argv, _ = CASES[case]
+        out = work / argv[argv.index("-o") + 1]
+        assert _in_process(entry, argv, work, capsys, monkeypatch).returncode == 2, case
         assert not (out / "program.py").exists(), case
 
 

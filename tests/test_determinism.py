@@ -10,33 +10,24 @@ import pytest
 import torch
 
 from conftest import random_box
-from multirank import (FSDP_METHODS, compile_pairs, fsdp_jobs, fsdp_zoo_runs, shared_cases,
-                       zoo_cases)
+from multirank import FSDP_EXACT_MODELS, FSDP_METHODS, fsdp_zoo_runs
 
 # jobs of several processes (pyproject.toml); one xdist group with test_fsdp.py, whose blocked
 # zoo jobs it reads (multirank.fsdp_zoo_runs, a per-process cache)
 pytestmark = [pytest.mark.multirank, pytest.mark.xdist_group("fsdp_zoo")]
 
-MODELS = ("mlp", "cnn_batchnorm", "residual", "cnn_avgpool")
+MODELS = FSDP_EXACT_MODELS          # (and FSDP_ZOO_MODELS, a superset, under blocked)
 METHODS = FSDP_METHODS              # IBP, CROWN, alpha-CROWN
 # full alpha-CROWN: blocked is the claim (multirank.fsdp_zoo_runs runs it on the zoo models)
-
-
-def _models(tmp):
-    return (zoo_cases(tmp, MODELS, seed=21, radius=0.2)
-            + shared_cases("1_9", (-0.3, -0.2, -0.5, 0.3, 0.3), 0.1, mnist_seed=4))
 
 
 @pytest.fixture(scope="module", params=["blocked", "exact"])
 def runs(request, tmp_path_factory):
     """Single programs on 1 and 2 threads and fsdp programs on P = 1..4 ranks
-    (multirank.fsdp_jobs). `blocked`: test_fsdp.py's zoo programs and runs, shared
-    (multirank.fsdp_zoo_runs: the same models and layout_ops); `exact`: this file's own."""
-    order = request.param
-    if order == "blocked":
-        return order, fsdp_zoo_runs(tmp_path_factory)
-    tmp = tmp_path_factory.mktemp(f"det_{order}")
-    return order, fsdp_jobs(tmp, compile_pairs(tmp, _models(tmp), "fsdp", summation=order))
+    (multirank.fsdp_jobs), from multirank.fsdp_zoo_runs: `blocked`, test_fsdp.py's zoo
+    programs and runs (the same models and layout_ops); `exact`, this file's models (other
+    seeds and boxes) in the same jobs."""
+    return request.param, fsdp_zoo_runs(tmp_path_factory, request.param)
 
 
 def test_bounds_identical_across_threads_and_world_sizes(runs):

@@ -6,8 +6,9 @@ onnxruntime, result files byte-identical to single mode's), plus an unsat proper
 branch and bound: on every model in single mode, and on one model in all three modes (branch
 and bound over ranks costs a collective per round: the suite's time budget decides). The wide
 tp_* models (zones of 260-520 channels) take part in the bitwise bounds test only. A few
-process launches in all: one job per mode and P runs every model's bounds, and the P = 2
-jobs (in process for single mode) verify the properties too."""
+process launches in all: one job per P runs every model's bounds in each mode with that P,
+and verifies the properties too (P = 1, single and fsdp, in this process; P = 2: fsdp and
+tp)."""
 
 from __future__ import annotations
 
@@ -84,23 +85,28 @@ VERIFY_WORLD = {"single": 1, "fsdp": 2, "tp": 2}
 
 @pytest.fixture(scope="module")
 def runs(op_zoo, vit):
-    """{(mode, P): results} of one job per mode and world size: every model's bounds
-    (METHODS) on BOUND_WORLDS (and the ViT's, VIT_METHODS, single and VIT_RUNS), and the
-    properties of _properties verified on VERIFY_WORLD (tp_* models: bounds only) in the same
-    jobs, so each (mode, P) is one process launch."""
+    """{(mode, P): results} of one job per world size: every model's bounds (METHODS) in
+    each mode of BOUND_WORLDS that has this P (and the ViT's, VIT_METHODS, single and
+    VIT_RUNS), and the properties of _properties verified on VERIFY_WORLD (tp_* models:
+    bounds only) in the same jobs: the programs of every mode with this P share its job
+    (results are per program directory; P = 1 runs in this process), so each P is one
+    process launch."""
     tmp, models = op_zoo
     verified = {k: v for k, v in models.items() if not k.startswith("tp_")}
     specs = {name: _properties(tmp, name, m) for name, m in verified.items()}
     out = {}
-    for mode, worlds in BOUND_WORLDS.items():
-        for P in worlds:
+    for P in sorted({P for worlds in BOUND_WORLDS.values() for P in worlds}):
+        modes = [mode for mode, worlds in BOUND_WORLDS.items() if P in worlds]
+        entries = []
+        for mode in modes:
             with_vit = vit if mode == "single" or (mode, P) in VIT_RUNS else None
-            entries = _entries(models, mode, with_vit)
+            entries += _entries(models, mode, with_vit)
             if VERIFY_WORLD[mode] == P:
                 entries += [{"dir": m["dirs"][mode],
                              "specs": [s for s, _ in specs[name] if _runs_in(mode, name, s)],
                              "verify_timeout": 60} for name, m in verified.items()]
-            out[(mode, P)] = run_job(tmp, entries, METHODS, P, tag=f"{mode}")
+        results = run_job(tmp, entries, METHODS, P, tag=f"ranks{P}")
+        out.update({(mode, P): results for mode in modes})
     return verified, specs, out
 
 

@@ -12,6 +12,13 @@ are spread over the ranks.
   counterexample that onnxruntime confirms.
 - With `blocked` and `--tp-intermediate crown` the result files are byte-identical to single
   mode's.
+
+The single-mode references are the command called in this process. The tp verdicts come from
+one rank job per P (tests/rank_driver.py: the verifier the command's ranks run, on tp programs
+compiled as the command compiles them) that verifies every property of both models, instead
+of one `verify` process (a launcher and its ranks, each importing torch) per property and P,
+which was most of this file's time; the command itself runs once, launching its ranks, on the
+ReLU-splitting property (test_tp_verify_command_equals_single).
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import onnx
 import pytest
 
 import zoo
-from multirank import compile_to
+from multirank import compile_to, run_job
 from test_verify import (_forward, _parse_result, _verify, _verify_in_process,
                          _write_property)
 
@@ -92,39 +99,87 @@ def _run(tmp, path, vnnlib, tag, *args):
     return res.stdout, out.read_text()
 
 
+PROPS = ("sat", "unsat")
+FAST = {"summation": "fast"}                                    # --summation fast
+BLOCKED = {"summation": "blocked", "tp_intermediate": "crown"}  # the bitwise configuration
+
+
+@pytest.fixture(scope="module")
+def tp_jobs(verdict_models):
+    """{(P, which, prop, "fast" / "blocked"): rank 0's result} of one rank job per P: every
+    property of both models verified by their tp programs (`fast` on P = 2 and 3; `blocked`
+    with CROWN intermediates on P = 2)."""
+    from shardbound.compiler.vnnlib import parse_vnnlib
+    from shardbound.runtime.verification.spec import spec_from_property
+
+    tmp, models = verdict_models
+    entries = {}
+    for which, (path, *_rest) in models.items():
+        specs = {}
+        for prop in PROPS:
+            spec = tmp / f"{which}_{prop}.json"
+            vnnlib = str(tmp / f"{which}_{prop}.vnnlib")
+            spec.write_text(spec_from_property(parse_vnnlib(vnnlib)).to_json())
+            specs[prop] = str(spec)
+        for kind, options in (("fast", FAST), ("blocked", BLOCKED)):
+            d = compile_to(path, str(tmp / f"{which}_tp_{kind}"), mode="tp", **options)
+            entries[(which, kind)] = ({"dir": d, "specs": [specs[p] for p in PROPS],
+                                       "verify_timeout": 100}, specs)
+    out = {}
+    for P, kinds in ((2, ("fast", "blocked")), (3, ("fast",))):
+        job = [e for (_, kind), (e, _) in entries.items() if kind in kinds]
+        got = run_job(tmp, job, [], P, tag="tp_verify")
+        for (which, kind), (e, specs) in entries.items():
+            if kind in kinds:
+                for prop in PROPS:
+                    out[(P, which, prop, kind)] = got[(e["dir"], specs[prop])]
+    return out
+
+
 @pytest.mark.parametrize("which", ["inputs", "relus"])
-def test_tp_verdicts_are_sound_with_zones_split_over_ranks(verdict_models, which):
+def test_tp_verdicts_are_sound_with_zones_split_over_ranks(verdict_models, tp_jobs, which):
     tmp, models = verdict_models
     path, model, row, props, sampled_min = models[which]
-    from shardbound.runtime.verification.stages import LABELS
-
-    split = LABELS["input-split" if which == "inputs" else "relu-split"]   # the final line
+    split = "input-split" if which == "inputs" else "relu-split"     # the deciding stage
     for prop, d in props.items():
         vnnlib = str(tmp / f"{which}_{prop}.vnnlib")
         if prop != "sat":       # the reference verdict (sat is checked with onnxruntime)
             single, _ = _run(tmp, path, vnnlib, f"{which}_{prop}_single", "--summation", "fast")
         for P in (2, 3):
-            stdout, text = _run(tmp, path, vnnlib, f"{which}_{prop}_tp{P}", "--mode", "tp",
-                                "--nproc", str(P), "--summation", "fast")
-            verdict, values = _parse_result(text)
+            r = tp_jobs[(P, which, prop, "fast")]
+            verdict, values = _parse_result(r["text"])
             if prop == "sat":
-                assert verdict == "sat", (which, P, stdout)
+                assert verdict == r["verdict"] == "sat", (which, P, r)
                 x = np.array([values[f"X_{i}"] for i in range(len(values)) if f"X_{i}" in values])
                 y = _forward(model, x).astype(np.float64)
                 assert (row @ y <= d).all(), (which, P)
             else:
                 assert d < sampled_min
-                assert verdict == single.splitlines()[0] == "unsat", (which, prop, P, stdout)
-                assert split in stdout, stdout      # branch and bound was needed
+                assert verdict == single.splitlines()[0] == "unsat", (which, prop, P, r)
+                assert r["decided"] == split, (which, P, r)     # branch and bound was needed
 
 
-def test_tp_blocked_result_files_equal_single(verdict_models):
+def test_tp_blocked_result_files_equal_single(verdict_models, tp_jobs):
     tmp, models = verdict_models
     for which in ("inputs", "relus"):
         path = models[which][0]
-        for prop in ("sat", "unsat"):
+        for prop in PROPS:
             vnnlib = str(tmp / f"{which}_{prop}.vnnlib")
             _, ref = _run(tmp, path, vnnlib, f"{which}_{prop}_bs", "--summation", "blocked")
-            _, got = _run(tmp, path, vnnlib, f"{which}_{prop}_bt", "--summation", "blocked",
-                          "--mode", "tp", "--nproc", "2", "--tp-intermediate", "crown")
-            assert got == ref, (which, prop)
+            assert tp_jobs[(2, which, prop, "blocked")]["text"] == ref, (which, prop)
+
+
+def test_tp_verify_command_equals_single(verdict_models):
+    """`verify --mode tp --nproc 2` itself (the launcher, its ranks, the result file) on the
+    property that needs ReLU splitting over the zone's neurons: single mode's file, byte for
+    byte, and the final line says branch and bound decided it."""
+    from shardbound.runtime.verification.stages import LABELS
+
+    tmp, models = verdict_models
+    path = models["relus"][0]
+    vnnlib = str(tmp / "relus_unsat.vnnlib")
+    _, ref = _run(tmp, path, vnnlib, "relus_unsat_cs", "--summation", "blocked")
+    stdout, got = _run(tmp, path, vnnlib, "relus_unsat_ct", "--summation", "blocked",
+                       "--mode", "tp", "--nproc", "2", "--tp-intermediate", "crown")
+    assert got == ref == "unsat\n", (got, ref)
+    assert LABELS["relu-split"] in stdout, stdout
