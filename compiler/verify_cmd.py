@@ -40,7 +40,7 @@ def run_verify(args) -> int:
     grace = WATCHDOG_GRACE_SINGLE if nproc == 1 else WATCHDOG_GRACE_RANKS
     watchdog = None
     if interrupts.installed():      # this process is the command (not a call from Python)
-        watchdog = interrupts.Deadline(deadline.monotonic, lambda: _late_answer(args), grace)
+        watchdog = interrupts.Deadline(deadline.monotonic, lambda: _late_answer(args, started_at), grace)
     tmp = tempfile.mkdtemp(prefix="shardbound-verify-")
 
     def remove_tmp():
@@ -123,8 +123,10 @@ def _write_prelude(spec_path: str, records) -> None:
         json.dump(data, f)
 
 
-def _late_answer(args) -> None:
-    """The watchdog's answer (it then runs the cleanups: ranks killed, temporary files gone)."""
+def _late_answer(args, started_at: float) -> None:
+    """The watchdog's answer (it then runs the cleanups: ranks killed, temporary files gone);
+    the --json report's seconds_since_start counts from the command's start like every
+    other answer's."""
     from shardbound.runtime.program.report import write_output
 
     print("timeout", flush=True)
@@ -133,4 +135,5 @@ def _late_answer(args) -> None:
     if args.json:
         from shardbound.runtime.program.verify_main import report_json
 
-        write_output(args.json, report_json("timeout", os.path.basename(args.property), 0.0))
+        write_output(args.json, report_json("timeout", os.path.basename(args.property),
+                                            time.time() - started_at))

@@ -246,3 +246,22 @@ def test_interrupting_single_process_verify(hard, tmp_path):
     assert proc.returncode == 130 and err == "interrupted\n" and out == "", (out, err)
     assert not os.path.exists(result)
     assert not _left(tmp_path / "tmp")
+
+
+def test_the_watchdogs_late_answer_reports_the_seconds_since_the_start(tmp_path, capsys):
+    """The watchdog's own `timeout` (verify_cmd._late_answer, when a stage overran its stop)
+    writes the --json report with the seconds since the command started, as every other
+    answer does (it said 0.0)."""
+    import time
+    from types import SimpleNamespace
+
+    from shardbound.compiler.verify_cmd import _late_answer
+
+    args = SimpleNamespace(result=str(tmp_path / "r.txt"), json=str(tmp_path / "r.json"),
+                           property=str(tmp_path / "p.vnnlib"))
+    _late_answer(args, time.time() - 42.0)
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert (tmp_path / "r.txt").read_text() == "timeout\n"
+    assert report["verdict"] == "timeout" and report["property"] == "p.vnnlib"
+    assert 42.0 <= report["seconds_since_start"] < 42.0 + 60.0
+    assert capsys.readouterr().out == "timeout\n"
