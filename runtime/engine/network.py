@@ -9,7 +9,7 @@ topological order, by CROWN or IBP as the compiler's bound plan says. CROWN is n
 tighter than IBP (deep nets, wide boxes), and both are sound, so every CROWN bound -- the
 intermediate ones and the final one -- is intersected with the IBP bound of the same node.
 Bounds may be infinite (an op whose input box leaves its domain); NaN, which arithmetic on
-them can make, becomes the vacuous bound after every IBP step and CROWN pass (`_vacuous_nan`).
+them can make, becomes the vacuous bound after every IBP step and CROWN pass (`vacuous_nan`).
 
 Sparse intermediate bounds: a neuron's bounds matter only where a relaxed consumer loses
 something with them (`inexact_mask`: a stable ReLU neuron's relaxation is exact whatever its
@@ -34,6 +34,8 @@ from shardbound.runtime.numerics import contract
 from shardbound.runtime.errors import ShardboundError
 from shardbound.runtime.accounting.guard import check_budget
 from shardbound.runtime.accounting.ledger import MemoryLedger, tensor_bytes
+from shardbound.runtime.engine.interval_helpers import (StorageBytes, expand_rows, intersect,
+                                                        interval_matvec, vacuous_nan)
 from shardbound.runtime.ops import Bounds, Op
 from shardbound.runtime.ops.patches import Patches, dense
 from shardbound.runtime.parallel.rows import RowSplit, unit_rows
@@ -117,12 +119,12 @@ class Network:
     # -- interval bound propagation ----------------------------------------------------------
     def ibp_all(self, lower: torch.Tensor, upper: torch.Tensor) -> dict[str, Bounds]:
         bounds: dict[str, Bounds] = {}
-        held = _Storages()
+        held = StorageBytes()
         for n in self.nodes:
             self.ledger.where = n.name
             if not n.is_view and n.inputs:
                 self.ledger.reserve(2 * lower.shape[0] * math.prod(n.shape) * 4, "bounds")
-            bounds[n.name] = (_vacuous_nan(n.ibp(*(bounds[i] for i in n.inputs))) if n.inputs
+            bounds[n.name] = (vacuous_nan(n.ibp(*(bounds[i] for i in n.inputs))) if n.inputs
                               else (lower, upper))
             n.release()
             self.ledger.set("bounds", held.add(bounds[n.name]))
@@ -161,18 +163,18 @@ class Network:
         sharpen = (self.sharpen_rows and not refine
                    and "crown" in self.intermediate.values())
         self.crown_rows, self.bounded_rows = {}, {}
-        held = _Storages()
+        held = StorageBytes()
         held.add(t for b in ibp.values() for t in b)
         for n in self.nodes:
             if refine:
-                refined[n.name] = (_vacuous_nan(n.ibp(*(refined[i] for i in n.inputs)))
+                refined[n.name] = (vacuous_nan(n.ibp(*(refined[i] for i in n.inputs)))
                                    if n.inputs else (lower, upper))
                 n.release()
             elif sharpen:
                 if not n.inputs or all(refined[i] is ibp[i] for i in n.inputs):
                     refined[n.name] = ibp[n.name]
                 else:
-                    refined[n.name] = _vacuous_nan(n.ibp(*(refined[i] for i in n.inputs)))
+                    refined[n.name] = vacuous_nan(n.ibp(*(refined[i] for i in n.inputs)))
                     n.release()
             how = self.intermediate.get(n.name)
             if (refine or sharpen) and how is None:     # kept: later IBP starts from it
@@ -183,18 +185,18 @@ class Network:
                 self.budget.check()         # raises BudgetExhausted, alike on every rank
             base = ibp[n.name]
             if prior is not None and n.name in prior:
-                base = _intersect(base, prior[n.name])
+                base = intersect(base, prior[n.name])
             if n is self.input:             # a relaxed op on the input: the box is exact
                 known[n.name] = base
             elif how == "ibp":
-                known[n.name] = _intersect(refined[n.name], base) if refine else base
+                known[n.name] = intersect(refined[n.name], base) if refine else base
             elif refine and (prior is None or n.name not in prior):
                 # Later IBP bounds start from this node's (see refine_ibp), so every neuron's
                 # bound matters, exact relaxation or not.
-                known[n.name] = _intersect(self.crown_node(n, lower, upper, known), base)
+                known[n.name] = intersect(self.crown_node(n, lower, upper, known), base)
             else:
                 if sharpen and refined[n.name] is not ibp[n.name]:
-                    base = _intersect(refined[n.name], base)
+                    base = intersect(refined[n.name], base)
                 known[n.name] = self._crown_unstable(n, lower, upper, known, base)
             if splits is not None and n.name in splits:
                 lo, hi = known[n.name]
@@ -314,7 +316,7 @@ class Network:
         lo, hi = out_bounds[0].reshape(B, -1), out_bounds[1].reshape(B, -1)
         if C is None:
             return lo, hi
-        return _vacuous_nan(_interval_matvec(self._spec_matrix(C, B).reshape(B, -1, lo.shape[1]),
+        return vacuous_nan(interval_matvec(self._spec_matrix(C, B).reshape(B, -1, lo.shape[1]),
                                              lo, hi, self.order))
 
     def crown_node(self, node: Op, lower, upper, known, index=None) -> Bounds:
@@ -371,7 +373,7 @@ class Network:
             else:
                 A = unit_rows(chosen, math.prod(node.shape), lower.dtype, lower.device)
                 A = A.reshape(1, len(chosen), *node.shape)
-            lo, hi = self.backward(node, _expand(A, B), lower, upper, known)
+            lo, hi = self.backward(node, expand_rows(A, B), lower, upper, known)
             return lo, hi, True
         A_ins, bias = start
         k = len(chosen)
@@ -379,7 +381,7 @@ class Network:
         for name, A in zip(node.inputs, A_ins):
             if A is None:
                 continue
-            A = _expand(A, B)
+            A = expand_rows(A, B)
             starts[name] = A if name not in starts else starts[name] + A
         l_bias = torch.zeros(B, k, dtype=lower.dtype, device=lower.device)
         if bias is not None:
@@ -563,52 +565,3 @@ class Network:
 
             return full_alpha_crown(self, lower, upper, C)[:2]
         raise ShardboundError(f"unknown bound method {method!r}; choose one of {', '.join(METHODS)}")
-
-
-def _vacuous_nan(b: Bounds) -> Bounds:
-    """NaN -> the vacuous bound. Interval arithmetic on infinite bounds (an op whose input
-    leaves its domain: log near 0, a reciprocal across 0) makes NaN (inf - inf, 0 * inf)
-    where nothing is known; -inf / +inf says so soundly. Identity on finite bounds."""
-    lo, hi = b
-    return torch.where(torch.isnan(lo), -math.inf, lo), torch.where(torch.isnan(hi), math.inf, hi)
-
-
-class _Storages:
-    """Bytes of the distinct storages added so far (the ledger's `bounds`, counted as bounds
-    are made instead of recounting every node's at each step)."""
-
-    def __init__(self):
-        self.seen: set = set()
-        self.total = 0
-
-    def add(self, tensors) -> int:
-        for t in tensors:
-            if t is None:
-                continue
-            key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
-            if key not in self.seen:
-                self.seen.add(key)
-                self.total += key[1]
-        return self.total
-
-
-def _expand(A, B: int):
-    """Rows made for one box, broadcast (as a view) over the B boxes."""
-    if isinstance(A, Patches):
-        return A.with_values(A.values.expand(B, *A.values.shape[1:]))
-    return A.expand(B, *A.shape[1:])
-
-
-def _intersect(a: Bounds, b: Bounds) -> Bounds:
-    """Both are sound, so their intersection is: the tighter side of each."""
-    return torch.maximum(a[0], b[0]), torch.minimum(a[1], b[1])
-
-
-def _interval_matvec(C, lo, hi, order) -> Bounds:
-    """Bounds of C y for y in [lo, hi] (interval arithmetic, per box)."""
-    center, radius = ((hi + lo) / 2).unsqueeze(1), ((hi - lo) / 2).unsqueeze(1)
-    mid = contract.dot_last(C, center, order)
-    spread = contract.dot_last(C.abs(), radius, order)
-    return mid - spread, mid + spread
-
-
