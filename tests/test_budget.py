@@ -36,6 +36,7 @@ from test_vnncomp_scripts import _write_property     # the one VNN-LIB writer of
 
 TIMEOUT = 10                # verify --timeout
 STOPPED_TIMEOUT = 20        # ... with a rank SIGSTOPped: start-up (compile, launch) must fit
+JOINED_CPU = 3.0            # CPU s a rank has used once it has joined and is bounding
 HANG_GUARD = 60             # the test's own limit: only a run that ignored its budget meets it
 
 pytestmark = pytest.mark.multirank
@@ -89,6 +90,26 @@ def _wait_for_ranks(proc, n: int, limit: float) -> list[int]:
             return kids
         time.sleep(0.05)
     pytest.fail(f"the launcher did not start {n} ranks within {limit} s")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system) process `pid` has used so far, 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _wait_until_working(pids, cpu: float, limit: float) -> None:
+    """Wait (at most `limit` s) until every process has used `cpu` CPU seconds: a rank has
+    then imported torch (~1.5-1.8 CPU s), loaded its program and joined the process group,
+    and is bounding. CPU time, not wall time, so a loaded machine only makes the wait
+    longer, never the rank less far along."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end and min(_cpu_seconds(p) for p in pids) < cpu:
+        time.sleep(0.05)
 
 
 def _watch_result(proc, result, start, limit: float):
@@ -165,7 +186,9 @@ def test_a_sigstopped_rank_still_gives_timeout(hard, tmp_path):
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=_env(tmp_path))
     ranks = _wait_for_ranks(proc, 2, STOPPED_TIMEOUT - 4)
-    time.sleep(max(0.0, min(2.0, STOPPED_TIMEOUT - 4 - (time.monotonic() - start))))
+    # stopped before it joined the process group, rank 1 would make rank 0's join time out
+    # (another failure, reported as such): stop it only once both ranks are bounding
+    _wait_until_working(ranks, JOINED_CPU, STOPPED_TIMEOUT - 4 - (time.monotonic() - start))
     os.kill(ranks[1], signal.SIGSTOP)
     try:
         written, out, err = _watch_result(proc, result, start, HANG_GUARD)
