@@ -315,20 +315,7 @@ def _backward_peak(nodes, index, gathered, t: int, S: int, eye: bool, batch: int
         node = nodes[j]
         if node.name not in live or node.traits.is_input:
             continue
-        l_bytes, u_bytes, shared = live.pop(node.name)
-        new_bytes = 0        # this step's outputs, alive with its inputs and parameters
-        for name in node.inputs:
-            size = batch * S * math.prod(nodes[index[name]].shape) * F32
-            kept = node.traits.backward_memory
-            if kept == "view":
-                produced = (l_bytes, u_bytes, shared)
-            else:
-                produced = (size, size, shared and kept == "shared")
-                new_bytes += size * (1 if produced[2] else 2)
-            if name in live:     # summed into a new tensor
-                old = live[name]
-                produced = (size, size, old[2] and produced[2])
-            live[name] = produced
+        new_bytes = backward_step(nodes, index, node, live, batch, S, sum_splits=False)
         if a_prev + new_bytes + gathered[j] > peak:
             peak, at = a_prev + new_bytes + gathered[j], j
         a_now = sum(l + (0 if sh else u) for l, u, sh in live.values())
@@ -336,6 +323,30 @@ def _backward_peak(nodes, index, gathered, t: int, S: int, eye: bool, batch: int
             peak, at = a_now, j
         a_prev = a_now
     return peak, at
+
+
+def backward_step(nodes, index, node, live: dict, batch: int, S: int, sum_splits: bool) -> int:
+    """One step of a modelled backward pass: node's A-matrices (popped from `live`: name ->
+    (lower bytes, upper bytes, shared storage?)) become its inputs' (batch x S x each input's
+    elements; a view passes its own on). Returns the bytes of the tensors the step makes,
+    alive with its inputs. An input that already has A-matrices is summed into new tensors:
+    one per side with `sum_splits` (what Network._propagate makes; the tp model counts so),
+    else one shared when both were shared (the single/fsdp model's count, kept as measured:
+    see the note on issue 19)."""
+    l_bytes, u_bytes, shared = live.pop(node.name)
+    new_bytes = 0
+    for name in node.inputs:
+        size = batch * S * math.prod(nodes[index[name]].shape) * F32
+        kept = node.traits.backward_memory
+        if kept == "view":
+            produced = (l_bytes, u_bytes, shared)
+        else:
+            produced = (size, size, shared and kept == "shared")
+            new_bytes += size * (1 if produced[2] else 2)
+        if name in live:
+            produced = (size, size, not sum_splits and live[name][2] and produced[2])
+        live[name] = produced
+    return new_bytes
 
 
 class _PassBounds:

@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass, replace
 
 from shardbound.runtime.accounting.memory_model import (F32, MethodContext, NodeShape,
-                                                        _result)
+                                                        _result, backward_step)
 from shardbound.runtime.numerics.blocktree import tree_nodes
 
 GATHER_WHOLE_ELEMENTS = 1 << 16     # tp_reduce: outputs up to this size go in one all-gather
@@ -274,19 +274,7 @@ def _backward_peak(nodes, index, places, splits, t, S, start, local, batch):
         node = nodes[j]
         if node.name not in live or node.traits.is_input:
             continue
-        l_bytes, u_bytes, shared = live.pop(node.name)
-        new_bytes = 0
-        for name in node.inputs:
-            size = batch * S * _numel(nodes, index, name) * F32
-            kept = node.traits.backward_memory
-            if kept == "view":
-                produced = (l_bytes, u_bytes, shared)
-            else:
-                produced = (size, size, shared and kept == "shared")
-                new_bytes += size * (1 if produced[2] else 2)
-            if name in live:    # summed into new tensors, one per side (Network._propagate)
-                produced = (size, size, False)
-            live[name] = produced
+        new_bytes = backward_step(nodes, index, node, live, batch, S, sum_splits=True)
         place = places.get(node.name)
         # While a reduction runs the ledger holds the A-matrices before the step and its
         # buffers (a first side's finished product is on it only once the step returns).
