@@ -49,6 +49,7 @@ from typing import Callable, Sequence
 import torch
 
 from shardbound.runtime.numerics import contract
+from shardbound.runtime.ops.memo import LastValueMemo
 
 Bounds = tuple[torch.Tensor, torch.Tensor]
 
@@ -124,6 +125,14 @@ class Op:
     def setup(self, **attrs) -> None:
         if attrs:
             raise TypeError(f"{self.kind} takes no attributes, got {sorted(attrs)}")
+
+    def memo(self, slot: str) -> LastValueMemo:
+        """The node's memo named `slot` (memo.py: recomputed when its source tensors change,
+        in place included), made on first use."""
+        found = self.__dict__.get(slot)
+        if found is None:
+            found = self.__dict__[slot] = LastValueMemo()
+        return found
 
     # -- traits that depend on the node ---------------------------------------------------------
     @property

@@ -230,17 +230,15 @@ class Conv2d(Op):
         """Per group, its weights transposed (cin_g*kh*kw, out_per_group) and contiguous: the
         backward product's operands, made once per program for a resident weight (an fsdp
         shard is gathered per use, so it is transposed per use)."""
-        cached = getattr(self, "_weights_t_cache", None)
-        if cached is not None and cached[0] is w:
-            return cached[1]
-        G, kh, kw = self.groups, *w.shape[2:]
-        out_per_group = w.shape[0] // G
-        parts = [w[g * out_per_group:(g + 1) * out_per_group].reshape(
-                     out_per_group, w.shape[1] * kh * kw)     # explicit: a tp rank may hold none
-                 .t().contiguous() for g in range(G)]
-        if isinstance(self.params.get("weight"), torch.Tensor):
-            self._weights_t_cache = (w, parts)
-        return parts
+        def transposed():
+            G, kh, kw = self.groups, *w.shape[2:]
+            out_per_group = w.shape[0] // G
+            return [w[g * out_per_group:(g + 1) * out_per_group].reshape(
+                        out_per_group, w.shape[1] * kh * kw)  # explicit: a tp rank may hold none
+                    .t().contiguous() for g in range(G)]
+        if not isinstance(self.params.get("weight"), torch.Tensor):
+            return transposed()
+        return self.memo("_weights_t_memo").get((w,), transposed)
 
     def _backward_patches(self, A: Patches):
         """The backward step on rows in patches form: the transposed convolution of each
