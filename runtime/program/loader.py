@@ -15,6 +15,7 @@ import os
 
 import torch
 
+from shardbound.runtime.program.grad_mode import outside_inference_mode
 from shardbound.runtime.program.boxes import as_boxes
 from shardbound.runtime.program.plan_check import (check_nodes, check_plan, check_program,
                                                    check_weights)
@@ -44,6 +45,7 @@ class Verifier:
     def output_shape(self):
         return self.network.output_shape
 
+    @outside_inference_mode
     def forward(self, x) -> torch.Tensor:
         """f(x) for one input (flattened or shaped; returns the flattened output) or a batch."""
         x = torch.as_tensor(x, dtype=torch.float32)
@@ -53,6 +55,7 @@ class Verifier:
             y = self.network.forward(x.reshape(-1, *n).to(self.network.device)).cpu()
         return y.reshape(-1) if single else y
 
+    @outside_inference_mode
     def bounds(self, lower, upper, C=None, method: str | None = None):
         """Bounds of C @ f(x) (default C: identity) over the box(es).
 

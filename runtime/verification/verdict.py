@@ -30,6 +30,7 @@ from shardbound.runtime.verification.input_split import input_split, refuted_con
 from shardbound.runtime.verification.relu_split import can_split, relu_split
 from shardbound.runtime.verification.stages import StageLog
 from shardbound.runtime.verification.spec import Spec, SpecCase, inside_box, outward_box, violated_conjunctions
+from shardbound.runtime.program.grad_mode import outside_inference_mode
 
 SPLIT_MAX_INPUTS = 16     # input splitting beyond this many inputs rarely finishes
 # default mode confirms counterexamples in float64 too for networks up to this many weights
@@ -302,6 +303,7 @@ def rigorous_for(network, soundness: str):
     return RigorousBounds(network, "real")
 
 
+@outside_inference_mode
 def verify(verifier, spec: Spec, timeout_s: float, comm, quiet: bool = True,
            deadline: float | None = None, stages: StageLog | None = None,
            soundness: str = "default") -> Result:
