@@ -533,11 +533,15 @@ class Network:
         if C is None:
             C = torch.eye(out)
         C = torch.as_tensor(C, dtype=torch.float32).to(self.device)
+        given = tuple(C.shape)
         if C.dim() == 2:
             C = C.unsqueeze(0).expand(B, *C.shape)
         if C.dim() != 3 or C.shape[0] != B or C.shape[2] != out:
             raise ShardboundError(
-                f"spec matrix C has shape {tuple(C.shape)}; expected (S, {out}) or ({B}, S, {out})")
+                f"spec matrix C has shape {given}; expected (S, {out}) or ({B}, S, {out})")
+        if not bool(torch.isfinite(C).all()):
+            raise ShardboundError("spec matrix C holds a non-finite value (inf or nan); its rows "
+                                  "must be finite linear functions of the outputs")
         return C.reshape(B, C.shape[1], *self.output_shape).contiguous()
 
     # -- one entry point -----------------------------------------------------------------------
