@@ -34,6 +34,9 @@ row what a timed bound cost besides its CPU time (medians): wall minus CPU time,
 page faults and context switches (voluntary: waits, e.g. on a thread pool; involuntary: the
 core taken by another process), which is where the wall-clock ratio and the CPU ratio part.
 
+The tiny ViT of issue 15 beside auto_LiRPA is bench/vit_autolirpa.py (auto_LiRPA bounds
+the torch module there, with its own GELU op: this script's ONNX interpreter has no attention).
+
 auto_LiRPA is not a dependency: give a checkout with `--lirpa PATH` (see
 ../shared/oracle/README.md: it needs a venv of its own, `--lirpa-python`, and the torch-2.13
 shim `lirpa_compat.py`, `--lirpa-compat`, found in ../shared/oracle by default). Without it the
