@@ -17,8 +17,8 @@ Per row the table gives the median bound time, the median over rounds of the tim
 auto_LiRPA's in the same round (`x auto_LiRPA`: below 1 is faster), the CPU time of a bound
 (`time.process_time` around the same call: min / median over rounds) and the ratio of the
 minima (`CPU x`: on a shared machine the wall time also holds the time other processes took
-the core, which the CPU time leaves out), how much tighter the bound is than auto_LiRPA's (min and max
-over spec rows of shardbound's lower bound minus auto_LiRPA's, and for CROWN also auto_LiRPA's
+the core, which the CPU time leaves out), how much tighter the bound is than auto_LiRPA's (min
+and max over spec rows of shardbound's lower bound minus auto_LiRPA's, and for CROWN also auto_LiRPA's
 upper bound minus shardbound's: positive means tighter), and the peak memory of one bound, measured in a
 worker of its own (glibc's mmap threshold fixed at 128 KiB so freed tensors leave the heap):
 peak RSS (VmHWM, reset through /proc/self/clear_refs after a warm-up bound) minus the RSS

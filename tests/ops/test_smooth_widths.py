@@ -1,5 +1,5 @@
-"""Issue 15's extreme widths for every smooth function and LayerNorm, end to end: IBP / CROWN / alpha-CROWN
-bounds of the harness's sandwich models hold every sampled and PGD point of input boxes of
+"""Issue 15's extreme widths for every smooth function and LayerNorm, end to end: IBP / CROWN /
+alpha-CROWN bounds of the harness's sandwich models hold every sampled and PGD point of input boxes of
 width 1e-6 and 1e3 (inside the op's domain), CROWN is never looser than IBP and alpha-CROWN
 never below CROWN. The harness's box kinds (tests/ops/harness.py) stop at widths 2e-3 and 6;
 the relaxations alone are checked at 1e-7 .. 1e30 by tests/ops/lines_check.py.
