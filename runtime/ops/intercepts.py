@@ -35,7 +35,8 @@ infinite intercepts apart, relaxation.py).
 CROWN's slopes (`default_slopes64`): on an interval where f has one curvature, the tangent at
 the midpoint and the chord (Zhang et al. 2018); otherwise the supporting lines of f's convex
 (lower) and concave (upper) envelopes over [l, u] at the midpoint, found by bisection on the
-slope (the touching point of the line with slope w moves monotonically with w). That rule is
+slope (the touching point of the line with slope w moves monotonically with w; the searches
+are in runtime/ops/intercept_search.py, a mixin of `InterceptRelaxation`). That rule is
 the one that minimises the area between the line and f, and gives the classic choices on
 intervals of one curvature and for S-shaped functions (the tangent through the far endpoint).
 
