@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from shardbound.runtime.verification.certificate import certified, cut_dict, no_cuts
 from shardbound.runtime.verification.falsify import split_pgd
 from shardbound.runtime.verification.input_split import closeness, refuted_conjunctions
 from shardbound.runtime.engine.beta import DEFAULT_ITERATIONS, beta_crown
@@ -236,40 +237,6 @@ def _optimise(network, ibp, known, lo, hi, C, splits, lb, which, iterations, sto
     return out, idx, (None if lA is None else lA.cpu()), alphas
 
 
-def _certified(certify, done, blo, bhi, splits, lagrangian, rows: int, cuts=None
-               ) -> torch.Tensor:
-    """(B,) bool: the `done` domains the rigorous bounds prove (--soundness real/float32).
-    Those beta-CROWN bounded are certified with its alphas and betas (its Lagrangian, which
-    holds for any of them), the others by rigorous CROWN with the splits as clamps; `cuts`
-    (node -> (a, b) (B, *shape)): the interval splits each domain assumes, a <= z <= b."""
-    take = len(done)
-    ok = torch.zeros(take, dtype=torch.bool)
-    by_beta = torch.zeros(take, dtype=torch.bool)
-    pos = torch.full((take,), -1, dtype=torch.long)
-    if lagrangian is not None:
-        idx, alphas, betas = lagrangian
-        params = list(alphas.values()) + list(betas.values())
-        if all(p.shape[1] == rows for p in params):    # not row-sharded: every row's own
-            by_beta[idx] = True
-            pos[idx] = torch.arange(len(idx))
-    for group in (done & ~by_beta, done & by_beta):
-        if not bool(group.any()):
-            continue
-        g = group.to(blo.device)
-        sub = {k: v[group.to(v.device)] for k, v in splits.items()}
-        extra = None
-        if bool(by_beta[group].all()):
-            at = pos[group]
-            extra = ({k: v[at.to(v.device)] for k, v in alphas.items()},
-                     {k: v[at.to(v.device)] for k, v in betas.items()})
-        n = int(group.sum())
-        sub_cuts = None if cuts is None else {k: (a[group], b[group]) for k, (a, b) in
-                                              cuts.items()}
-        ok[group] = certify(blo[g].reshape(n, -1).cpu(), bhi[g].reshape(n, -1).cpu(), sub,
-                            extra, sub_cuts)
-    return ok
-
-
 class WarmAlphas:
     """Optimised alphas kept per open domain (flattened, on the CPU), so that children start
     beta-CROWN from their parent's slopes. Capped at `cap_bytes` in all: past that, warm
@@ -442,11 +409,7 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
     # --soundness real/float32 with interval splits: what each domain assumes of the split
     # neurons (same layout; -inf / inf: nothing), apart from its computed bounds, which the
     # certificate does not take from the float32 engine.
-    cuts = None
-    if certify is not None and n_sign < len(relus):
-        width = int(local[-1])
-        cuts = torch.stack([torch.full((1, width), -math.inf), torch.full((1, width), math.inf)],
-                           dim=1)
+    cuts = no_cuts(int(local[-1])) if certify is not None and n_sign < len(relus) else None
     depth = torch.zeros(1, dtype=torch.float64)
     key = torch.zeros(1, dtype=torch.float64)   # the parent's margin: most violated first
     store = WarmAlphas(KEPT_ALPHA_BYTES if warm_start else 0)
@@ -526,12 +489,8 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
                 lA[idx] = beta_lA.reshape(len(idx), C.shape[0], -1)
         done = refuted.all(dim=1) | empty
         if certify is not None and bool(done.any()):
-            cut = None
-            if bcuts is not None:
-                cut = {names[i]: (bcuts[:, 0, local[i]:local[i + 1]].reshape(take, *relus[i].shape),
-                                  bcuts[:, 1, local[i]:local[i + 1]].reshape(take, *relus[i].shape))
-                       for i in range(n_sign, len(relus))}
-            ok = _certified(certify, done, blo, bhi, splits, lagrangian, C.shape[0], cut)
+            cut = None if bcuts is None else cut_dict(bcuts, relus, names, local, n_sign)
+            ok = certified(certify, done, blo, bhi, splits, lagrangian, C.shape[0], cut)
             refuted[done & ~ok] = False                 # not proved: open, every row
             done = done & ok
         verified += float(torch.pow(0.5, ddepth[done]).sum())
