@@ -278,6 +278,8 @@ class RigorousBounds:
         alphas = extra = None
         if lagrangian is not None:
             alphas, betas = lagrangian
+            # the engine's parameters may live on a GPU: the rigorous bounds are on the CPU
+            alphas = {k: a.detach().to("cpu", DT) for k, a in (alphas or {}).items()}
             extra = {}
             for name, beta in (betas or {}).items():
                 s = splits[name].to("cpu", DT).unsqueeze(1)
