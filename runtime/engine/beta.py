@@ -35,7 +35,7 @@ LR_BETA = 0.05
 
 def beta_crown(network, ibp, known, lower, upper, C, splits, lb_start,
                iterations: int = DEFAULT_ITERATIONS, stop=None, alpha_start=None,
-               alpha_out=None, beta_out=None):
+               alpha_out=None, beta_out=None, best_out=None):
     """(lower bounds (B, S) of C f(x) on each domain, at least `lb_start` (a sound bound of
     the same rows, e.g. CROWN's); the input A-matrix (B, S, *input) of the last iteration, or
     None). `splits` maps nodes feeding splittable ops to int8 (B, *shape). The A-matrix's
@@ -49,7 +49,10 @@ def beta_crown(network, ibp, known, lower, upper, C, splits, lb_start,
     projected onto each op's alpha set first. A dict as `alpha_out` receives the alphas of
     the last iteration (detached), in the same layout; a dict as `beta_out` their betas (split
     node -> (B, S_local, *shape), >= 0): with the alphas, a Lagrangian that --soundness
-    real/float32 re-evaluates rigorously (any alpha in range and beta >= 0 gives a bound)."""
+    real/float32 re-evaluates rigorously (any alpha in range and beta >= 0 gives a bound).
+    A dict as `best_out` receives, under "alphas" and "betas", per row the parameters of the
+    iteration that gave the bound returned (the best, not the last: the certificate of
+    --soundness real/float32 re-evaluates those; the last ones warm-start the children)."""
     S_all = lb_start.shape[1]
     a, b = network.rows.my_range(S_all)
     start = lb_start[:, a:b]
@@ -89,8 +92,13 @@ def beta_crown(network, ibp, known, lower, upper, C, splits, lb_start,
     saved = SavedTensorCounter(ledger)
     ledger.set("alpha", alpha_bytes(alphas) + 4 * sum(t.numel() * t.element_size()
                                                       for t in betas.values()))
+    keep = None
+    if best_out is not None:
+        keep = {**{("alpha", k): a for k, a in alphas.items()},
+                **{("beta", k): b for k, b in betas.items()}}
     try:
-        best = maximise(objective, groups, iterations, start=start, stop=stop, saved=saved)
+        best = maximise(objective, groups, iterations, start=start, stop=stop, saved=saved,
+                        keep=keep)
     finally:
         saved.clear()
         ledger.set("alpha", 0)
@@ -98,4 +106,7 @@ def beta_crown(network, ibp, known, lower, upper, C, splits, lb_start,
         alpha_out.update({name: a.detach() for name, a in alphas.items()})
     if beta_out is not None:
         beta_out.update({name: b.detach() for name, b in betas.items()})
+    if best_out is not None:
+        best_out["alphas"] = {k[1]: t for k, t in keep.items() if k[0] == "alpha"}
+        best_out["betas"] = {k[1]: t for k, t in keep.items() if k[0] == "beta"}
     return network.rows.gather(best, S_all), network.rows.gather(grab["lA"].detach(), S_all)

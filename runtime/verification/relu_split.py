@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from shardbound.runtime.verification.certificate import certified, cut_dict, no_cuts
 from shardbound.runtime.verification.falsify import split_pgd
 from shardbound.runtime.verification.input_split import closeness, refuted_conjunctions
 from shardbound.runtime.engine.beta import DEFAULT_ITERATIONS, beta_crown
@@ -212,11 +213,12 @@ def _flat_bounds(bounds, names, b) -> torch.Tensor:
 
 
 def _optimise(network, ibp, known, lo, hi, C, splits, lb, which, iterations, stop=None,
-              warm=None, betas=None):
+              warm=None, best=None):
     """(lb with the rows of the domains in `which` raised by beta-CROWN, their indices, their
     input A-matrices from beta-CROWN or None, their alphas after the optimisation).
     warm: (alphas of the batch's domains, (B,) bool: which have them) to start from.
-    betas: a dict that receives their split multipliers (beta_crown's `beta_out`)."""
+    best: a dict that receives the alphas and betas behind each row's bound (beta_crown's
+    `best_out`: the Lagrangian the certificate re-evaluates)."""
     idx = torch.nonzero(which).reshape(-1)
     dev_idx = idx.to(lo.device)
     pick = lambda t: t.index_select(0, dev_idx)                                # noqa: E731
@@ -229,40 +231,10 @@ def _optimise(network, ibp, known, lo, hi, C, splits, lb, which, iterations, sto
         better, lA = beta_crown(network, sub(ibp), sub(known), pick(lo), pick(hi), C,
                                 {k: pick(v) for k, v in splits.items()},
                                 lb.index_select(0, idx).to(lo.device), iterations, stop=stop,
-                                alpha_start=start, alpha_out=alphas, beta_out=betas)
+                                alpha_start=start, alpha_out=alphas, best_out=best)
     out = lb.clone()
     out[idx] = torch.maximum(out[idx], better.cpu())
     return out, idx, (None if lA is None else lA.cpu()), alphas
-
-
-def _certified(certify, done, blo, bhi, splits, lagrangian, rows: int) -> torch.Tensor:
-    """(B,) bool: the `done` domains the rigorous bounds prove (--soundness real/float32).
-    Those beta-CROWN bounded are certified with its alphas and betas (its Lagrangian, which
-    holds for any of them), the others by rigorous CROWN with the splits as clamps."""
-    take = len(done)
-    ok = torch.zeros(take, dtype=torch.bool)
-    by_beta = torch.zeros(take, dtype=torch.bool)
-    pos = torch.full((take,), -1, dtype=torch.long)
-    if lagrangian is not None:
-        idx, alphas, betas = lagrangian
-        params = list(alphas.values()) + list(betas.values())
-        if all(p.shape[1] == rows for p in params):    # not row-sharded: every row's own
-            by_beta[idx] = True
-            pos[idx] = torch.arange(len(idx))
-    for group in (done & ~by_beta, done & by_beta):
-        if not bool(group.any()):
-            continue
-        g = group.to(blo.device)
-        sub = {k: v[group.to(v.device)] for k, v in splits.items()}
-        extra = None
-        if bool(by_beta[group].all()):
-            at = pos[group]
-            extra = ({k: v[at.to(v.device)] for k, v in alphas.items()},
-                     {k: v[at.to(v.device)] for k, v in betas.items()})
-        n = int(group.sum())
-        ok[group] = certify(blo[g].reshape(n, -1).cpu(), bhi[g].reshape(n, -1).cpu(), sub,
-                            extra)
-    return ok
 
 
 class WarmAlphas:
@@ -350,12 +322,18 @@ def _proof_out_of_reach(verified: float, since: tuple[float, float], deadline: f
     return verified + rate * (deadline - now) < 1.0
 
 
-def _interval_children(ops, n_sign, offsets, local, ranges, kb, best, chosen):
+def _interval_children(ops, n_sign, offsets, local, ranges, kb, best, chosen, cuts=None):
     """The two children's bounds (n, 2, local neurons) of domains whose bounds are `kb`: a
     copy of kb where a domain is split by sign, and where it is split on an interval (`chosen`:
     global neuron `best` of an interval-split op) [l, p] in the first child and [p, u] in the
-    second, p the op's split point. A tp rank changes only the neurons it holds."""
+    second, p the op's split point. A tp rank changes only the neurons it holds. With `cuts`
+    (the parents' interval assumptions, same layout; -inf / inf where none), also the
+    children's: the first assumes z <= p, the second z >= p (the certificate's constraints,
+    apart from the computed bounds)."""
     below, above = kb.clone(), kb.clone()
+    cut_below = cut_above = None
+    if cuts is not None:
+        cut_below, cut_above = cuts.clone(), cuts.clone()
     for i in range(n_sign, len(ops)):
         start, stop, _ = ranges[i]
         g = best - int(offsets[i])
@@ -368,6 +346,11 @@ def _interval_children(ops, n_sign, offsets, local, ranges, kb, best, chosen):
         p = ops[i].split_point(lo, hi)
         below[rows, 1, at] = p
         above[rows, 0, at] = p
+        if cuts is not None:
+            cut_below[rows, 1, at] = torch.minimum(cut_below[rows, 1, at], p)
+            cut_above[rows, 0, at] = torch.maximum(cut_above[rows, 0, at], p)
+    if cuts is not None:
+        return below, above, cut_below, cut_above
     return below, above
 
 
@@ -423,6 +406,10 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
     bounds = None                       # (N, 2, local neurons): parents' intermediate bounds
     if root_prior is not None and all(name in root_prior for name in names):
         bounds = _flat_bounds(root_prior, names, 1)
+    # --soundness real/float32 with interval splits: what each domain assumes of the split
+    # neurons (same layout; -inf / inf: nothing), apart from its computed bounds, which the
+    # certificate does not take from the float32 engine.
+    cuts = no_cuts(int(local[-1])) if certify is not None and n_sign < len(relus) else None
     depth = torch.zeros(1, dtype=torch.float64)
     key = torch.zeros(1, dtype=torch.float64)   # the parent's margin: most violated first
     store = WarmAlphas(KEPT_ALPHA_BYTES if warm_start else 0)
@@ -448,12 +435,14 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
             final = agree(_proof_out_of_reach(verified, midway or (start, 0.0), deadline))
             final_at = math.inf         # decided once
         take = min(batch, len(stack))
-        _swap_((stack, depth, key, warm, has, bounds), *_best_to_tail(key, take))
+        _swap_((stack, depth, key, warm, has, bounds, cuts), *_best_to_tail(key, take))
         dom, ddepth = stack[-take:], depth[-take:]
         bwarm, bhas = warm[-take:], has[-take:]
         stack, depth, key = stack[:-take], depth[:-take], key[:-take]
         warm, has = warm[:-take], has[:-take]
-        prior = None
+        prior = bcuts = None
+        if cuts is not None:
+            bcuts, cuts = cuts[-take:], cuts[:-take]
         if bounds is not None:
             pb, bounds = bounds[-take:].to(dev), bounds[:-take]
             prior = {name: (pb[:, 0, local[i]:local[i + 1]].reshape(take, *relus[i].shape),
@@ -484,11 +473,12 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         if not final and iterations > 0 and bool((~(refuted.all(dim=1) | empty)).any()):
             start_alphas = ((store.unflatten(bwarm, dev), bhas)
                             if store.on and bool(bhas.any()) else None)
-            betas = {}
+            best = {} if certify is not None else None
             lb, idx, beta_lA, alphas = _optimise(network, ibp, known, blo, bhi, Cd, splits, lb,
                                                  ~(refuted.all(dim=1) | empty), iterations,
-                                                 stop, start_alphas, betas)
-            lagrangian = (idx, alphas, betas)
+                                                 stop, start_alphas, best)
+            if best:        # the parameters of each row's best iterate, not the last
+                lagrangian = (idx, best["alphas"], best["betas"])
             if store.on and alphas:
                 flat = store.flatten(alphas, len(idx))
                 bwarm, bhas = torch.zeros(take, flat.shape[1]), torch.zeros(take, dtype=torch.bool)
@@ -499,7 +489,8 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
                 lA[idx] = beta_lA.reshape(len(idx), C.shape[0], -1)
         done = refuted.all(dim=1) | empty
         if certify is not None and bool(done.any()):
-            ok = _certified(certify, done, blo, bhi, splits, lagrangian, C.shape[0])
+            cut = None if bcuts is None else cut_dict(bcuts, relus, names, local, n_sign)
+            ok = certified(certify, done, blo, bhi, splits, lagrangian, C.shape[0], cut)
             refuted[done & ~ok] = False                 # not proved: open, every row
             done = done & ok
         verified += float(torch.pow(0.5, ddepth[done]).sum())
@@ -570,8 +561,14 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         active, inactive = odom.clone(), odom.clone()
         active[rows[sign], best[sign]] = 1
         inactive[rows[sign], best[sign]] = -1
-        below, above = _interval_children(relus, n_sign, offsets, local, ranges, okb,
-                                          best, ~sign)
+        if cuts is not None:
+            below, above, cut_below, cut_above = _interval_children(
+                relus, n_sign, offsets, local, ranges, okb, best, ~sign,
+                bcuts[open_][splittable])
+            cuts = torch.cat([cuts, cut_below, cut_above])
+        else:
+            below, above = _interval_children(relus, n_sign, offsets, local, ranges, okb,
+                                              best, ~sign)
         stack = torch.cat([stack, inactive, active])
         depth = torch.cat([depth, odepth + 1, odepth + 1])
         key = torch.cat([key, oclose, oclose])

@@ -63,6 +63,8 @@ class _CaseRunner:
         self.soundness = soundness
         self.rig = rigorous          # RigorousBounds: float64 forward, and certificates
         self._whole_box = None       # the rigorous verdict on the whole box, once
+        self._replay = None          # full alpha-CROWN's parameters, for the root certificate
+        self._root = None            # (proved, rigorous bounds of every node) on the whole box
         self.case = case
         self.budget = budget
         self.deadline = budget.deadline if budget.deadline is not None else float("inf")
@@ -153,16 +155,40 @@ class _CaseRunner:
             self._whole_box = not self.agree(not bool(ok[0]))
         return self._whole_box
 
-    def certify(self):
-        """For branch and bound in --soundness real/float32: (los, his, splits, lagrangian) ->
-        (B,) bool, the domains the rigorous bounds prove (lagrangian: beta-CROWN's (alphas,
-        betas) for those domains, or None); None in default mode."""
-        if self.rig is None or self.soundness == "default":
-            return None
+    @property
+    def rigorous(self) -> bool:
+        return self.rig is not None and self.soundness != "default"
 
-        def certify(los, his, splits=None, lagrangian=None):
+    def root_certificate(self):
+        """--soundness real/float32 after full alpha-CROWN: (the whole box proved, the rigorous
+        bounds of every node over it), once per case. Full alpha-CROWN's own parameters are
+        re-evaluated under the error account (`replay`: each start node's intermediate
+        alphas, then the final pass's, beside plain CROWN's; any alpha in range gives a
+        bound), so its root proof is certified as it was found, and the node bounds become
+        the prior of every branch-and-bound leaf's certificate (they hold on the whole box)."""
+        if self._root is None:
+            replay = self._replay or {}
+            lo, hi = self.rig.outward(self.case.lower.reshape(1, -1),
+                                      self.case.upper.reshape(1, -1))
+            final = replay.get("final")
+            ok = self.rig.refuted(lo, hi, self.C64, self.d, self.owner, self.n_conj,
+                                  lagrangian=(final, None) if final else None,
+                                  node_alphas=replay.get("nodes"), both=True)
+            self._root = (not self.agree(not bool(ok[0])), self.rig.last_bounds)
+        return self._root
+
+    def certify(self):
+        """For branch and bound in --soundness real/float32: (los, his, splits, lagrangian,
+        cuts) -> (B,) bool, the domains the rigorous bounds prove (lagrangian: beta-CROWN's
+        (alphas, betas) for those domains, or None; cuts: the interval splits' bounds, or
+        None), with the root certificate's bounds as the prior; None in default mode."""
+        if not self.rigorous:
+            return None
+        prior = self.root_certificate()[1] if self._replay is not None else None
+
+        def certify(los, his, splits=None, lagrangian=None, cuts=None):
             ok = self.rig.refuted(los, his, self.C64, self.d, self.owner, self.n_conj, splits,
-                                  lagrangian)
+                                  lagrangian, prior=prior, cuts=cuts)
             # every rank closes the same domains (float64 bits could differ across ranks
             # only on different machines; one collective makes it certain)
             not_ok = self.comm.all_reduce_max((~ok).to(torch.float32)) > 0
@@ -239,10 +265,11 @@ class _CaseRunner:
         # Full alpha-CROWN; its tightened intermediate bounds are branch and bound's root prior.
         budget.check()
         self.start("alpha-crown")
-        lb, prior = root_bounds(self.net, lo, hi, C_dev, cache, stop=budget)
+        self._replay = {} if self.rigorous else None
+        lb, prior = root_bounds(self.net, lo, hi, C_dev, cache, stop=budget, replay=self._replay)
         cache = (cache[0], prior)
         lb = lb.cpu()
-        if self.refuted(lb) and self.certified():
+        if self.refuted(lb) and (not self.rigorous or self.root_certificate()[0]):
             return "unsat", None
         budget.check()
         self.start("attack-strong")
