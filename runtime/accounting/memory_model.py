@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from shardbound.runtime.ops import OP_TYPES
 
 F32 = 4
+SUM_SPLITS = False     # an A-matrix summed from two consumers: one tensor per side (True)
 
 
 @dataclass(frozen=True)
@@ -315,7 +316,7 @@ def _backward_peak(nodes, index, gathered, t: int, S: int, eye: bool, batch: int
         node = nodes[j]
         if node.name not in live or node.traits.is_input:
             continue
-        new_bytes = backward_step(nodes, index, node, live, batch, S, sum_splits=False)
+        new_bytes = backward_step(nodes, index, node, live, batch, S, sum_splits=SUM_SPLITS)
         if a_prev + new_bytes + gathered[j] > peak:
             peak, at = a_prev + new_bytes + gathered[j], j
         a_now = sum(l + (0 if sh else u) for l, u, sh in live.values())

@@ -175,6 +175,8 @@ def load(directory: str, summation: str | None = None, comm=None,
     network.rows = RowSplit(comm, enabled=mode == "fsdp" and network.order != "fast")
     network.row_tile = _positive_int(plan.get("row_tile"), "row_tile")
     network.bab_batch = _positive_int(plan.get("bab_batch"), "bab_batch")
+    # --memory-budget none: no default budget either (runtime/verification/batch_memory.py)
+    network.default_budget = memory_budget != 0
     network.memory_setup = {"fsdp": mode == "fsdp", "stream_chunk_bytes": stream_chunk_bytes(plan),
                             "tp": mode == "tp"}
     return Verifier(network, plan, directory, module.METHOD)
