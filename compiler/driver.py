@@ -37,7 +37,9 @@ def plan_with_options(path: str, options: PassOptions, verify_each: bool = False
                              if p.name in ("canonicalize", "bound_plan")])
         planned = front.run(imported, options)
         chosen = choose(graph_shapes(planned), planned.output, options, source=path,
-                        tp=_tp_view(planned, options), spec_rows=options.spec_rows)
+                        tp=(_tp_view(planned, options)   # the default budget keeps the mode
+                            if not options.budget_source or options.mode == "tp" else None),
+                        spec_rows=options.spec_rows)
         if plan_out is not None:
             plan_out.append(chosen)
         if not options.budget_source:

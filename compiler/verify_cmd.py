@@ -124,10 +124,25 @@ def default_budget(args, options):
 
     from shardbound.runtime.accounting import available
 
-    found = available.default_budget(options.nproc)
+    gpu = _device_reader(args)          # a GPU per rank (nccl): not shared by the ranks
+    found = available.default_budget(1 if gpu else options.nproc, reader=gpu)
     if found is None:
         return options
     return replace(options, memory_budget=found.per_rank, budget_source=found.describe())
+
+
+def _device_reader(args):
+    """Where the tracked bytes will live: a GPU's free memory for --device cuda (auto: when
+    one is there), else None (the host's: available.available_memory)."""
+    if getattr(args, "device", "cpu") == "cpu":
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    from shardbound.runtime.accounting.available import Available
+
+    return lambda: Available(int(torch.cuda.mem_get_info()[0]), "cudaMemGetInfo free")
 
 
 def _write_plan(spec_path: str, plan, tiled: bool, quiet: bool) -> None:

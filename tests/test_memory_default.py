@@ -160,16 +160,19 @@ def test_a_machine_too_small_for_one_row_tile_is_the_one_line_error(mlp, monkeyp
 
 def test_branch_and_bound_batches_shrink_under_the_ceiling(mlp, monkeypatch):
     """ReLU splitting's batch is halved below MIN_BATCH (down to 1) where its round passes
-    the default budget, and kept where it fits; input splitting's likewise."""
+    the default budget, and kept where it fits; input splitting's likewise. (And `run
+    --memory-budget none` enforces no budget, not even the planned one.)"""
     from shardbound.compiler.driver import compile_model
     from shardbound.passes.manager import PassOptions
     from shardbound.runtime import load
     from shardbound.runtime.verification import batch_memory as bm
 
     path, _, tmp = mlp
-    out = tmp / "plain"
-    compile_model(path, str(out), PassOptions())
+    out = tmp / "planned"
+    compile_model(path, str(out), PassOptions(memory_budget=1 << 30))
+    assert load(str(out), memory_budget=0).network.ledger.budget is None   # run ... none
     net = load(str(out)).network
+    assert net.ledger.budget == 1 << 30
     roomy = bm.batch_for_memory(net, 3, 1 << 30, ceiling=None)
     assert roomy == bm.MAX_BATCH and bm.batch_for_memory(net, 3, 1 << 30) == roomy
     one, slope = bm._crown_slope(net, 3)

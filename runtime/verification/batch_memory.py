@@ -12,10 +12,12 @@ network's row tile: its slope is one more box), for the spec rows at hand:
   BAB_MEMORY_BYTES, as before); input splitting takes its given batch;
 - and neither keeps a batch whose round does not fit the default budget (verify's, from
   runtime/accounting/available.py: DEFAULT_FRACTION of the memory available to the
-  process, shared by the job's ranks): the batch is halved, down to one domain, until it
+  process, shared by the job's ranks on the CPU; on a GPU its free memory, per rank):
+  the batch is halved, down to one domain, until it
   does. Where the batch fits, nothing changes; on a network whose one CROWN pass is most
-  of the machine (cgan's upsampling generator: 12 GB) branch and bound no longer takes 8
-  boxes at once and dies to the OOM killer.
+  of the machine (cgan's upsampling generator: 12 GB predicted untiled) ReLU splitting no
+  longer takes 8 boxes at once whatever the memory (it did: MIN_BATCH was a floor, and the
+  row tile was not in the prediction).
 
 A planned batch (`--memory-budget`, or the default budget where it chose row tiles: plan.json
 `bab_batch`) is the planner's, not this module's. Every rank takes the same batch (`agree`:
@@ -69,7 +71,8 @@ def default_budget_bytes(network) -> int | None:
     free = _free_bytes(network)
     if free is None:
         return None
-    return int(free * DEFAULT_FRACTION) // _ranks_here(network)
+    shared = network.device.type != "cuda"      # ranks share the host, not their GPUs
+    return int(free * DEFAULT_FRACTION) // (_ranks_here(network) if shared else 1)
 
 
 def _crown_slope(network, rows: int) -> tuple[int, int]:
