@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from shardbound.runtime.verification.batch_memory import batch_for_memory, memory_figure
 from shardbound.runtime.verification.certificate import certified, cut_dict, no_cuts
 from shardbound.runtime.verification.falsify import split_pgd
 from shardbound.runtime.verification.input_split import closeness, refuted_conjunctions
@@ -56,9 +57,6 @@ MAX_DOMAINS = 50_000      # each keeps its parent's intermediate bounds: ~8 byte
 ATTACK_DOMAINS = 2        # open domains per round attacked by `split_pgd` (the most violated)
 ATTACK_SHARE = 0.15       # of branch and bound's time, at most, spent in those attacks
 ATTACK_STEPS = 30
-BAB_MEMORY_BYTES = 2 << 30      # at most this much for one batch of domains (memory_figure)
-BETA_MEMORY_FACTOR = 4          # beta-CROWN's round against one CROWN pass (batch_for_memory)
-MIN_BATCH, MAX_BATCH = 8, 128   # domains per batch
 FSB_CANDIDATES = 3        # filtered smart branching: BaBSR's top k, judged by a one-step bound
 KEPT_ALPHA_BYTES = 256 << 20   # the warm-start alphas of open domains (see WarmAlphas)
 FINAL_SHARE = 0.1         # the last share of the budget goes to the final falsification pass
@@ -142,42 +140,6 @@ def _fsb_choice(network, relus, names, offsets, known, ibp, lo_flat, hi_flat, C,
     close = torch.where(valid & ~close.isnan(), close, torch.full_like(close, -float("inf")))
     pick = close.argmax(dim=1)
     return order[torch.arange(b), pick]
-
-
-def memory_figure(network) -> int:
-    """Bytes branch and bound may use for one batch: a quarter of the available memory of
-    the network's device (MemAvailable on the CPU, cudaMemGetInfo's free on a GPU), at most
-    BAB_MEMORY_BYTES; each rank of a job takes its own share of the machine."""
-    free = None
-    try:
-        if network.device.type == "cuda":
-            free = torch.cuda.mem_get_info(network.device)[0]
-        else:
-            with open("/proc/meminfo", encoding="ascii") as f:
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        free = int(line.split()[1]) * 1024
-    except (OSError, RuntimeError, ValueError):
-        free = None
-    world = network.tp.comm.world if network.tp is not None else 1
-    return min(BAB_MEMORY_BYTES, (free or BAB_MEMORY_BYTES) // (4 * world))
-
-
-def batch_for_memory(network, rows: int, budget_bytes: int, agree=lambda f: f) -> int:
-    """Domains per batch (a power of two in [MIN_BATCH, MAX_BATCH]) whose beta-CROWN round
-    fits `budget_bytes`: the memory model's CROWN peak per box (`predict_peak` at batch 1
-    and 2: its slope) for `rows` spec rows, times BETA_MEMORY_FACTOR for autograd's saved
-    A-matrices and the alphas with their Adam moments. Doubling stops as soon as one rank's
-    budget is reached (`agree`: a flag OR-ed over ranks), so every rank takes the same."""
-    from shardbound.runtime.accounting.memory_model import network_shapes, predict_peak
-    shapes = network_shapes(network)
-    one, two = (predict_peak(shapes, network.output.name, 1, batch=b, spec_rows=rows)
-                ["peak_tracked_bytes"] for b in (1, 2))
-    per_box = max(two - one, 1) * BETA_MEMORY_FACTOR
-    b = MIN_BATCH
-    while 2 * b <= MAX_BATCH and not agree(one + 2 * b * per_box > budget_bytes):
-        b *= 2
-    return b
 
 
 def split_ops(network) -> list:

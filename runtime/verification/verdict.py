@@ -26,6 +26,8 @@ from shardbound.runtime.engine.full_alpha import root_bounds
 from shardbound.runtime.errors import ShardboundError
 from shardbound.runtime.verification.attack import pgd
 from shardbound.runtime.verification.budget import Budget, BudgetExhausted
+from shardbound.runtime.verification.batch_memory import input_batch_for_memory
+from shardbound.runtime.verification.input_split import BATCH as INPUT_SPLIT_BATCH
 from shardbound.runtime.verification.input_split import input_split, refuted_conjunctions
 from shardbound.runtime.verification.relu_split import can_split, relu_split
 from shardbound.runtime.verification.stages import StageLog
@@ -206,10 +208,12 @@ class _CaseRunner:
         bounds of `cache` (ibp, known)."""
         self.budget.check()
         self.start("input-split")
+        # as many boxes per step as fit the default budget (runtime/verification/batch_memory.py)
+        batch = input_batch_for_memory(self.net, self.C.shape[0], INPUT_SPLIT_BATCH, self.agree)
         res = input_split(self.net, self.C, self.d, self.owner, self.lo, self.hi,
                           self.deadline, self.agree, self.is_violation, progress=self.progress,
                           attack=self.domain_attack, root_prior=cache[1], stop=self.budget,
-                          certify=self.certify())
+                          certify=self.certify(), batch=batch)
         self.progress.done()
         if res.verdict == "sat":
             return "sat", self.confirm(res.x)
