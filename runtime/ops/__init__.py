@@ -22,7 +22,7 @@ from shardbound.runtime.ops.arithmetic import Add, Affine
 from shardbound.runtime.ops.activation import Relu
 from shardbound.runtime.ops.smooth import Erf, Sigmoid, Softsign, Tanh  # noqa: F401
 from shardbound.runtime.ops.pooling import MaxPool2d
-from shardbound.runtime.ops import bilinear, exponential, gated, periodic, softmax  # noqa: F401,E501
+from shardbound.runtime.ops import bilinear, discrete, exponential, gated, periodic, softmax  # noqa: F401,E501
 from shardbound.runtime.ops.movement import Move, Resample
 from shardbound.runtime.ops.reduction import ReduceSum
 from shardbound.runtime.ops.normalization import Normalize
