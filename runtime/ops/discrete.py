@@ -140,12 +140,11 @@ class Discrete(ElementwiseRelaxation):
     def crown_backward(self, lA, uA, in_bounds, alpha=None):
         lo, hi = self.ibp(*in_bounds)
         lo, hi = lo.unsqueeze(1), hi.unsqueeze(1)          # over the S rows
-        B, S = self._rows(lA)
-        zeros = [lA.new_zeros((B, S, *s)) for s in self.in_shapes]
+        none = [None] * len(self.inputs)        # zero A-matrices: the engine stops here
         l_bias = self._constant_side(lA, lo, hi)
         if uA is None:
-            return zeros, [None] * len(zeros), l_bias, None
-        return zeros, zeros, l_bias, self._constant_side(uA, hi, lo)
+            return none, none, l_bias, None
+        return none, none, l_bias, self._constant_side(uA, hi, lo)
 
     def _constant_side(self, A, pos_value, neg_value):
         """sum over the node's elements of max(A, 0) * pos_value + min(A, 0) * neg_value,
