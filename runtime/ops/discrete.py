@@ -252,7 +252,8 @@ class CastInt(Discrete):
     def evaluate(self, x):
         t = torch.trunc(x.double())
         if self.source == "float":
-            t = torch.where(self._in_conversion(x), t, torch.full_like(t, -(2.0 ** (self.conv - 1))))
+            indefinite = torch.full_like(t, -(2.0 ** (self.conv - 1)))
+            t = torch.where(self._in_conversion(x), t, indefinite)
         inside = (t >= self.low) & (t <= self.high)
         return torch.where(inside, t, self._wrap(t)).to(x.dtype)
 
