@@ -4,7 +4,7 @@ system reads (runtime/ops/base.py) and, when nonlinear, its relaxation
 
 Families (each with a lowering module of the same name under compiler/lowering/): linear,
 conv, pooling, activation, arithmetic, layout, smooth, exponential, periodic, gated, movement,
-reduction, normalization. Shared machinery: base.py (Op, traits, registry), relaxation.py
+reduction, normalization, discrete. Shared machinery: base.py (Op, traits, registry), relaxation.py
 (the relaxation interface), intercepts.py (lines with computed intercepts, for the smooth functions),
 index_map.py (the index maps of the movement kernels). `OP_TYPES` maps IR op kinds to
 classes; the generated program names classes as `ops.<Class>`, which resolves any
