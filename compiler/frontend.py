@@ -284,8 +284,8 @@ def _single_output(ctx: LoweringContext, graph) -> Computed:
             raise ShardboundError(f"{ctx.source}: output {out.name!r} does not depend on the "
                                   "input")
         values.append(value)
-    if len(values) == 1:
-        return values[0]
+    if len(values) == 1:         # a scalar output (a ReduceSum without keepdims) is one value
+        return values[0] if values[0].shape else ctx.reshaped(values[0], (1,), None, "output")
     flats = [ctx.reshaped(v, (math.prod(v.shape),), None, "output") for v in values]
     distinct, where = [], []          # one input per distinct tensor (an output listed twice)
     for f in flats:

@@ -204,7 +204,9 @@ class Op:
     def crown_backward(self, lA: torch.Tensor, uA: torch.Tensor | None,
                        in_bounds: Sequence[Bounds | None], alpha=None):
         """(lower A per input, upper A per input, lower bias, upper bias). Default for linear
-        ops: the same map on both sides, computed once while both sides are one tensor."""
+        ops: the same map on both sides, computed once while both sides are one tensor. An
+        input whose lower and upper A are both None gets a zero A-matrix (the discrete
+        family's constant lines): the engine propagates nothing towards it."""
         l_in, l_bias = self.backward_linear(lA)
         if uA is None:
             return l_in, [None] * len(l_in), l_bias, None

@@ -85,8 +85,12 @@ def _slack_scores(network, ops, split_A, known, open_rows, n_sign: int) -> torch
         else:
             slack = op.interval_slack(lo, hi).reshape(b, -1)
             unstable = slack > 0
-        A = split_A[op.name].reshape(b, open_rows.shape[1], -1)
-        weight = (A.abs() * open_rows.unsqueeze(-1)).sum(dim=1)
+        A = split_A.get(op.name)            # absent: no A reached the op (a discrete op)
+        if A is None:
+            weight = torch.zeros_like(slack)
+        else:
+            A = A.reshape(b, open_rows.shape[1], -1)
+            weight = (A.abs() * open_rows.unsqueeze(-1)).sum(dim=1)
         # A tiny share of the slack alone breaks ties among neurons the spec rows ignore.
         score = (weight + 1e-6) * slack
         score = torch.where(unstable, score, torch.full_like(score, -1.0))
