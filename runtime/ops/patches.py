@@ -117,9 +117,9 @@ class Patches:
     def masked(self, in_place: bool = False) -> "Patches":
         """Entries outside the grid set to zero (after a step that filled them); `in_place`
         when the caller owns the values (a fresh step output: no copy of the window)."""
-        keep = self.inside()
-        if bool(keep.all()):
+        if not any(self._margins()[2:]):         # every window inside: from the corners alone
             return self
+        keep = self.inside()
         v = self.values
         if in_place and not _differentiable(v):
             v.masked_fill_(~keep[None, :, None], 0)
@@ -133,18 +133,15 @@ class Patches:
         broadcasts to it) at every row's window: (Bt, S, C, ph, pw), zeros outside the grid."""
         return self.gather_many([t])[0]
 
-    def gather_many(self, tensors) -> list[torch.Tensor]:
-        """`gather` of several tensors at once (one indexing pass over all of them)."""
-        C, H, W = self.node_shape
-        parts = []
-        for t in tensors:
-            t = torch.as_tensor(t, dtype=self.dtype, device=self.device)
-            t = t.reshape((1,) * max(0, 5 - t.dim()) + tuple(t.shape))
-            if t.dim() != 5 or t.shape[1] != 1:
-                raise ValueError(f"cannot gather a tensor of shape {tuple(t.shape)} at patches")
-            parts.append(t.expand(t.shape[0], 1, C, H, W)[:, 0])
-        sizes = [p.shape[0] for p in parts]
-        t = parts[0] if len(parts) == 1 else torch.cat(parts)
+    def gather_many(self, tensors, table: "WindowTable | None" = None) -> list[torch.Tensor]:
+        """`gather` of several tensors at once (one indexing pass over all of them). With
+        `table` (`window_table` of these tensors at a superset of these rows: the rows of a
+        CROWN step cut into chunks) the windows are picked from it instead of being copied
+        out again per chunk; the values are the same."""
+        if table is not None:
+            ys, xs = self.origin[:, 0] + table.top, self.origin[:, 1] + table.left
+            return list(table.windows.index_select(1, ys * table.width + xs).split(table.sizes))
+        t, sizes = self._stacked(tensors)
         ph, pw = self.window
         _, _, top, bottom, left, right = self._margins()
         if top or bottom or left or right:
@@ -158,11 +155,43 @@ class Patches:
         Bt, Hq, Wq = views.shape[:3]
         ys, xs = self.origin[:, 0] + top, self.origin[:, 1] + left
         if self.origin.shape[0] > Hq * Wq:
-            per_position = views.reshape(Bt, Hq * Wq, C, ph, pw)
+            per_position = views.reshape(Bt, Hq * Wq, *views.shape[3:])
             g = per_position.index_select(1, ys * Wq + xs)
         else:
             g = views[:, ys, xs]                                   # (Bt, S, C, ph, pw)
         return list(g.split(sizes))
+
+    def window_table(self, tensors) -> "WindowTable | None":
+        """The windows at every grid position that some row's corner reaches, of `tensors`
+        stacked as `gather_many` stacks them, copied out once (Bt, positions, C, ph, pw):
+        what `gather_many(table=)` picks from for any subset of these rows. None where rows
+        do not outnumber positions (`gather_many` then indexes the view directly, no copy)."""
+        ph, pw = self.window
+        _, _, top, bottom, left, right = self._margins()
+        H, W = self.node_shape[1:]
+        Hq, Wq = H + top + bottom - ph + 1, W + left + right - pw + 1
+        if self.origin.shape[0] <= Hq * Wq:
+            return None
+        t, sizes = self._stacked(tensors)
+        if top or bottom or left or right:
+            t = F.pad(t, (left, right, top, bottom))
+        views = t.unfold(2, ph, 1).unfold(3, pw, 1).permute(0, 2, 3, 1, 4, 5)
+        return WindowTable(views.reshape(views.shape[0], Hq * Wq, *views.shape[3:]),
+                           sizes, top, left, Wq)
+
+    def _stacked(self, tensors):
+        """The tensors as one (Bt, C, H, W) stack (and each one's share of Bt)."""
+        C, H, W = self.node_shape
+        parts = []
+        for t in tensors:
+            t = torch.as_tensor(t, dtype=self.dtype, device=self.device)
+            t = t.reshape((1,) * max(0, 5 - t.dim()) + tuple(t.shape))
+            if t.dim() != 5 or t.shape[1] != 1:
+                raise ValueError(f"cannot gather a tensor of shape {tuple(t.shape)} at patches")
+            parts.append(t.expand(t.shape[0], 1, C, H, W)[:, 0])
+        sizes = [p.shape[0] for p in parts]
+        return (parts[0] if len(parts) == 1 else torch.cat(parts)), sizes
+
     def to_dense(self) -> torch.Tensor:
         """The rows as a dense (B, S, C, H, W) tensor (zeros outside the windows)."""
         B, S, C, ph, pw = self.values.shape
@@ -257,6 +286,14 @@ class Patches:
         if isinstance(other, torch.Tensor):
             return other + self.to_dense()
         return NotImplemented
+
+
+class WindowTable:
+    """`Patches.window_table`'s result: windows per grid position, and how to index them."""
+
+    def __init__(self, windows, sizes, top, left, width):
+        self.windows, self.sizes = windows, sizes
+        self.top, self.left, self.width = top, left, width
 
 
 def _differentiable(*tensors) -> bool:
