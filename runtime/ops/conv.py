@@ -15,6 +15,7 @@ from shardbound.runtime.ops.patches import Patches
 
 
 CHANNELS_LAST_MIN = 32     # channels from which the fast dense conv backward goes channels-last
+LAZY_MASK = True
 IM2COL_CHUNK = 1 << 20      # elements of a blocked/exact conv backward's im2col columns at a time
 
 
@@ -247,6 +248,8 @@ class Conv2d(Op):
         window (the same per-position products and scatter-add as the dense rows), whose
         corner moves to the input grid; the bias term sums each channel over the window
         (`fast`) or over the dense rows (ordered summations: the dense bits)."""
+        if A.dirty:                 # its outside entries would spread into the grid
+            A = A.masked(in_place=True)
         B, S = self._rows(A)
         w = self.param("weight")
         C_in = self.in_shapes[0][0]
@@ -262,8 +265,9 @@ class Conv2d(Op):
             out = self._backward_im2col(flat.contiguous(), w, size)
         origin = A.origin * torch.tensor([sh, sw], device=A.origin.device) \
             - torch.tensor(self.pads[:2], device=A.origin.device)
-        A_in = Patches(out.reshape(B, S, C_in, *size), origin,
-                       self.in_shapes[0]).masked(in_place=True)
+        A_in = Patches(out.reshape(B, S, C_in, *size), origin, self.in_shapes[0], dirty=True)
+        if not LAZY_MASK:
+            A_in = A_in.masked(in_place=True)
         if A_in.covers_grid():
             A_in = A_in.to_dense()
         b = self.param("bias")

@@ -38,10 +38,14 @@ FEW_CHANNELS = 4           # to_dense by whole windows up to this many (boxes x 
 class Patches:
     """Rows of an A-matrix over a (C, H, W) node, each nonzero only in its window."""
 
-    def __init__(self, values: torch.Tensor, origin: torch.Tensor, node_shape):
+    def __init__(self, values: torch.Tensor, origin: torch.Tensor, node_shape,
+                 dirty: bool = False):
         self.values = values                    # (B, S, C, ph, pw)
         self.origin = origin                    # (S, 2) long: (row, column) of the corner
         self.node_shape = tuple(int(d) for d in node_shape)
+        # `dirty`: the entries outside the grid hold what a conv step scattered there, not
+        # zeros; `values` is then a buffer of this pass's own (masked in place when needed).
+        self.dirty = dirty
 
     # -- what the engine and the ledger ask of an A-matrix --------------------------------------
     @property
@@ -69,9 +73,11 @@ class Patches:
         """The values' storage (the ledger counts what is held, not the dense size)."""
         return self.values.untyped_storage()
 
-    def with_values(self, values: torch.Tensor, origin=None, node_shape=None) -> "Patches":
+    def with_values(self, values: torch.Tensor, origin=None, node_shape=None,
+                    dirty: bool | None = None) -> "Patches":
         return Patches(values, self.origin if origin is None else origin,
-                       self.node_shape if node_shape is None else node_shape)
+                       self.node_shape if node_shape is None else node_shape,
+                       self.dirty if dirty is None else dirty)
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
@@ -118,14 +124,17 @@ class Patches:
         """Entries outside the grid set to zero (after a step that filled them); `in_place`
         when the caller owns the values (a fresh step output: no copy of the window)."""
         if not any(self._margins()[2:]):         # every window inside: from the corners alone
+            self.dirty = False
             return self
         keep = self.inside()
         v = self.values
         if in_place and not _differentiable(v):
             v.masked_fill_(~keep[None, :, None], 0)
+            self.dirty = False
             return self
         return self.with_values(torch.where(keep[None, :, None], v, torch.zeros((), dtype=v.dtype,
-                                                                                device=v.device)))
+                                                                                device=v.device)),
+                                dirty=False)
 
     # -- conversions --------------------------------------------------------------------------
     def gather(self, t: torch.Tensor) -> torch.Tensor:
@@ -256,7 +265,8 @@ class Patches:
         if not isinstance(other, Patches) or other.node_shape != self.node_shape:
             return NotImplemented
         if self.window == other.window and torch.equal(self.origin, other.origin):
-            return self.with_values(self.values + other.values)
+            return self.with_values(self.values + other.values,
+                                    dirty=self.dirty or other.dirty)
         shift = other.origin - self.origin
         if shift.shape[0] == 0 or not bool((shift == shift[:1]).all()):
             return self.to_dense() + other.to_dense()   # windows not at one offset per row
@@ -279,7 +289,7 @@ class Patches:
                 if strip.numel():
                     strip += 0.0
         out = Patches(total, self.origin + torch.tensor([y0, x0], device=self.origin.device),
-                      self.node_shape)
+                      self.node_shape, self.dirty or other.dirty)
         return out.to_dense() if out.covers_grid() else out
 
     def __radd__(self, other):

@@ -166,10 +166,10 @@ class ElementwiseRelaxation(Op):
                 out[:, s0:s0 + step] = A_in.values
                 acc.append(bias)
         biases = [None if acc[0] is None else torch.cat(acc, dim=1) for acc in biases]
-        lA_in = lA.with_values(outs[0])
+        lA_in = lA.with_values(outs[0], dirty=False)
         if uA is None:
             return [lA_in], [None], biases[0], None
-        return [lA_in], [uA.with_values(outs[1])], biases[0], biases[1]
+        return [lA_in], [uA.with_values(outs[1], dirty=False)], biases[0], biases[1]
 
     def _crown_patch_rows(self, lA, uA, lines: Lines, table=None):
         """`_crown_patches` on rows whose windows lie alike on both sides (`table`: the
@@ -232,9 +232,9 @@ class ElementwiseRelaxation(Op):
         if _differentiable(values, pos_slope[0], neg_slope[0], *(
                 line[0] for line in (pos_icpt, neg_icpt) if line is not None)) \
                 or A_in.shape != pos.shape:
-            return A.with_values(A_in + pos * step), bias
+            return A.with_values(A_in + pos * step, dirty=False), bias
         pos.mul_(step)
-        return A.with_values(A_in.add_(pos)), bias
+        return A.with_values(A_in.add_(pos), dirty=False), bias
 
     def _bias_dot(self, coef, icpt, B, S):
         flat = icpt.reshape(icpt.shape[0], icpt.shape[1], math.prod(icpt.shape[2:]))
