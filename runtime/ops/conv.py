@@ -15,7 +15,6 @@ from shardbound.runtime.ops.patches import Patches
 
 
 CHANNELS_LAST_MIN = 32     # channels from which the fast dense conv backward goes channels-last
-LAZY_MASK = True
 IM2COL_CHUNK = 1 << 20      # elements of a blocked/exact conv backward's im2col columns at a time
 
 
@@ -265,9 +264,10 @@ class Conv2d(Op):
             out = self._backward_im2col(flat.contiguous(), w, size)
         origin = A.origin * torch.tensor([sh, sw], device=A.origin.device) \
             - torch.tensor(self.pads[:2], device=A.origin.device)
+        # What the scatter put outside the grid stays (dirty): an elementwise step or the box
+        # terms meet zeros there (their lines / the box are gathered as zeros), and a conv
+        # step masks it first (above).
         A_in = Patches(out.reshape(B, S, C_in, *size), origin, self.in_shapes[0], dirty=True)
-        if not LAZY_MASK:
-            A_in = A_in.masked(in_place=True)
         if A_in.covers_grid():
             A_in = A_in.to_dense()
         b = self.param("bias")

@@ -45,7 +45,6 @@ from shardbound.runtime.ops.base import Op
 from shardbound.runtime.ops.patches import Patches
 from shardbound.runtime.ops.patches import dense as _dense
 
-USE_TABLE = True
 PATCH_STEP_CHUNK = 1 << 18     # elements of patch values per row chunk of the CROWN step
 
 
@@ -156,7 +155,7 @@ class ElementwiseRelaxation(Op):
             return self._crown_patch_rows(lA, uA, lines)
         outs = [A.values.new_empty((B, *A.values.shape[1:])) for A in sides]
         biases = [[] for _ in sides]
-        table = lA.window_table(list(_line_tensors(lines).values())) if USE_TABLE else None
+        table = lA.window_table(list(_line_tensors(lines).values()))    # once, not per chunk
         for s0 in range(0, S, step):
             rows = [A.with_values(A.values[:, s0:s0 + step], A.origin[s0:s0 + step])
                     for A in sides]
