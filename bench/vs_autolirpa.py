@@ -14,9 +14,7 @@ Every (tool, model, method) runs in its own worker process with one thread
 (`torch.set_num_threads(1)`); the parent asks the workers of a model for one bound each in turn,
 round after round (the order rotates every round), so background load hits every tool alike.
 Per row the table gives the median bound time, the median over rounds of the time relative to
-auto_LiRPA's in the same round (`x auto_LiRPA`: below 1 is faster), the least CPU time of
-one bound over the rounds (`time.process_time` in the worker: on a shared machine it moves
-less with the load than wall time) and its ratio to auto_LiRPA's (`x CPU`), how much tighter the bound is than auto_LiRPA's (min and max
+auto_LiRPA's in the same round (`x auto_LiRPA`: below 1 is faster), how much tighter the bound is than auto_LiRPA's (min and max
 over spec rows of shardbound's lower bound minus auto_LiRPA's, and for CROWN also auto_LiRPA's
 upper bound minus shardbound's: positive means tighter), and the peak memory of one bound, measured in a
 worker of its own (glibc's mmap threshold fixed at 128 KiB so freed tensors leave the heap):
@@ -295,10 +293,10 @@ def worker(args) -> int:
             base = _reset_peak()
             print(json.dumps({"reset": True}), flush=True)
             continue
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0 = time.perf_counter()
         lb, ub = tool.bound(request["method"])
-        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-        print(json.dumps({"seconds": seconds, "cpu_seconds": cpu, "lower": lb.tolist(),
+        seconds = time.perf_counter() - t0
+        print(json.dumps({"seconds": seconds, "lower": lb.tolist(),
                           "upper": None if ub is None else ub.tolist(),
                           "peak_bytes": _rss_bytes("VmHWM") - (base or 0),
                           "rows": tool.rows()}),
@@ -381,14 +379,12 @@ def bench_model(name: str, mdir: str, tools: list[str], methods: list[str], args
             for w in workers:                       # warm-up, not timed
                 w.bound()
             runs = {t: [] for t in tools}
-            cpu = {t: [] for t in tools}
             last = {}
             for r in range(args.repeat):
                 order = workers[r % len(workers):] + workers[:r % len(workers)]
                 for w in order:
                     last[w.tool] = w.bound()
                     runs[w.tool].append(last[w.tool]["seconds"])
-                    cpu[w.tool].append(last[w.tool]["cpu_seconds"])
         finally:
             for w in workers:
                 w.close()
@@ -397,8 +393,7 @@ def bench_model(name: str, mdir: str, tools: list[str], methods: list[str], args
             lo, hi = _tighter(last[t], last[reference], method)
             tight = "" if t == reference else f"{lo:+.2e} / {hi:+.2e}"
             rows.append(f"| {name} | {method} | {t} | {statistics.median(runs[t]):.3f} | "
-                        f"{ratio:.2f} | {tight} | {peaks[t] / 2 ** 20:.1f} | "
-                        f"{min(cpu[t]):.3f} | {min(cpu[t]) / min(cpu[reference]):.2f} |")
+                        f"{ratio:.2f} | {tight} | {peaks[t] / 2 ** 20:.1f} |")
             if last[t]["rows"] and method == "crown":
                 notes.append(f"{name} {t}: CROWN rows per node "
                              + ", ".join(f"{k} {v}" for k, v in last[t]["rows"].items()))
@@ -445,8 +440,8 @@ def main(argv=None) -> int:
           f"{args.repeat} round-robin rounds after a warm-up, {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.2f} at start\n")
     print(f"| model | method | tool | time s | x {ref} | tighter than {ref} (min / max) | "
-          f"peak MiB | CPU s (min) | x CPU |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+          f"peak MiB |")
+    print("|---|---|---|---:|---:|---:|---:|")
     all_notes = []
     with tempfile.TemporaryDirectory(prefix="vs_autolirpa_") as tmp:
         work = args.work or tmp
