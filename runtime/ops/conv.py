@@ -245,6 +245,8 @@ class Conv2d(Op):
         window (the same per-position products and scatter-add as the dense rows), whose
         corner moves to the input grid; the bias term sums each channel over the window
         (`fast`) or over the dense rows (ordered summations: the dense bits)."""
+        if A.dirty:                 # its outside entries would spread into the grid
+            A = A.masked(in_place=True)
         B, S = self._rows(A)
         w = self.param("weight")
         C_in = self.in_shapes[0][0]
@@ -260,8 +262,10 @@ class Conv2d(Op):
             out = self._backward_im2col(flat.contiguous(), w, size)
         origin = A.origin * torch.tensor([sh, sw], device=A.origin.device) \
             - torch.tensor(self.pads[:2], device=A.origin.device)
-        A_in = Patches(out.reshape(B, S, C_in, *size), origin,
-                       self.in_shapes[0]).masked(in_place=True)
+        # What the scatter put outside the grid stays (dirty): an elementwise step or the box
+        # terms meet zeros there (their lines / the box are gathered as zeros), and a conv
+        # step masks it first (above).
+        A_in = Patches(out.reshape(B, S, C_in, *size), origin, self.in_shapes[0], dirty=True)
         if A_in.covers_grid():
             A_in = A_in.to_dense()
         b = self.param("bias")
