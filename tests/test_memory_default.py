@@ -9,16 +9,14 @@ monkeypatched); the reader itself reads files given as paths, never this machine
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 
-import numpy as np
 import onnx
 import pytest
 import torch
 
 import zoo
+from test_verify import _verify_in_process
 from shardbound.runtime.accounting import available
 from shardbound.runtime.accounting.available import Available
 
@@ -95,19 +93,8 @@ def mlp(tmp_path_factory):
 
 
 def _verify(args):
-    from shardbound.compiler.cli import main
-
-    out, err, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                main(["verify", *args])
-                code = 0
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else 0
-    finally:
-        torch.set_num_threads(threads)
-    return code, out.getvalue(), err.getvalue()
+    r = _verify_in_process(args)
+    return r.returncode, r.stdout, r.stderr
 
 
 def _small_machine(monkeypatch, budget_bytes: int):
