@@ -58,6 +58,7 @@ from shardbound.runtime.ops.intercept_search import (  # noqa: F401  (re-exporte
     BISECTION_STEPS, ENVELOPE_STEPS, F64, INF, SIDES as _SIDES, TOUCH_STEPS, SlopeSearch, bisect,
     broadcast_shape, h_convexity, no_nan)
 from shardbound.runtime.ops.relaxation import ElementwiseRelaxation, Lines
+from shardbound.runtime.ops.memo import tensor_key
 
 EPS = 2.0 ** -46        # relative float64 error allowed per evaluated term (64 ulps)
 TINY = 2.0 ** -126      # absolute slack: the smallest normal float32 (no denormal intercepts)
@@ -228,8 +229,7 @@ class InterceptRelaxation(SlopeSearch, ElementwiseRelaxation):
         """compute() for the last bounds seen in `slot`: CROWN's lines and alpha's slope
         ranges are asked for once per backward pass through this node, with the same bounds
         (held, so their storage cannot be reused; an in-place change bumps _version)."""
-        key = tuple((t.data_ptr(), t.shape, t.stride(), t.storage_offset(), t._version, t.dtype,
-                     t.device) for t in (lo, hi))
+        key = tensor_key(lo, hi)
         cached = getattr(self, slot, None)
         if cached is None or cached[0] != key:
             cached = (key, (lo, hi), compute())

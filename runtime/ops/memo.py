@@ -16,12 +16,14 @@ import torch
 
 
 def tensor_key(*tensors: torch.Tensor | None) -> tuple:
-    """What identifies the current value of each tensor without reading it. An inference
+    """What identifies the current value of each tensor without reading it (no object
+    identity: a fresh view of the same bounds, as each CROWN step makes, is the same value;
+    a memo holds its sources, so their storage is not reused meanwhile). An inference
     tensor (made under torch.inference_mode) has no version counter: its key is a fresh
     object, equal to nothing, so what depends on it is recomputed every time."""
     return tuple(None if t is None else object() if t.is_inference() else
-                 (id(t), t.data_ptr(), tuple(t.shape), t.stride(), t.storage_offset(),
-                  t._version, t.dtype, t.device)
+                 (t.data_ptr(), tuple(t.shape), t.stride(), t.storage_offset(), t._version,
+                  t.dtype, t.device)
                  for t in tensors)
 
 
