@@ -290,7 +290,10 @@ class _LocalOfReplicated(torch.autograd.Function):
             out = ctx.fn(A_)
             part = None
             if out.requires_grad:       # a rank without channels has a constant part
-                (part,) = torch.autograd.grad(out, A_, grad, allow_unused=True)
+                # The vector-Jacobian product as the gradient of <out, grad>: autograd hands
+                # `out` exactly `grad` (1 * grad), so the bits are those of grad_outputs=grad,
+                # whose shape check imports sympy on first use (~0.5 s in every rank).
+                (part,) = torch.autograd.grad((out * grad).sum(), A_, allow_unused=True)
         if part is None:
             part = torch.zeros_like(A)
         return ctx.red.sum_partials(part.contiguous()), None, None
