@@ -5,7 +5,8 @@ correctly in single, fsdp and tp mode on 2 ranks (sat counterexamples re-checked
 onnxruntime, result files byte-identical to single mode's), plus an unsat property that needs
 branch and bound: on every model in single mode, and on one model in all three modes (branch
 and bound over ranks costs a collective per round: the suite's time budget decides). The wide
-tp_* models (zones of 260-520 channels) take part in the bitwise bounds test only. A few
+tp_* models (zones of 260-520 channels) take part in the bitwise bounds test only, and so do
+the guests (GUESTS: the tiny ViT and test_gated's smooth and LayerNorm zones). A few
 process launches in all: one job per P runs every model's bounds in each mode with that P,
 and verifies the properties too (P = 1, single and fsdp, in this process; P = 2: fsdp and
 tp)."""
@@ -17,17 +18,13 @@ import onnx
 import pytest
 
 import zoo
+from conftest import random_box
 from multirank import box_entry, compile_to, run_job
 from test_verify import _parse_result, _write_property
 
 pytestmark = pytest.mark.multirank     # jobs of several processes (pyproject.toml)
 
 METHODS = ["ibp", "crown", "alpha-crown"]
-# The tiny ViT (tests/zoo.py vit_tiny, issue 15) joins the bitwise jobs of these modes and
-# rank counts only, with these methods (its alpha-CROWN would double the jobs' time); it is
-# not in OP_ZOO, so the verify jobs leave it out (tests/test_vit.py verifies it).
-VIT_RUNS = {("fsdp", 2), ("fsdp", 3), ("tp", 2)}
-VIT_METHODS = ["ibp", "crown"]
 BAB_EVERY_MODE = "leaky_residual"      # the model whose branch-and-bound property runs in all modes
 RADIUS = 0.15
 
@@ -58,25 +55,54 @@ def op_zoo(tmp_path_factory):
     return tmp, models
 
 
+# Guests: models outside OP_ZOO that join the bitwise jobs only (the verify jobs leave them
+# out), in the (mode, P) runs and with the methods named here, each next to its single-mode
+# program (P = 1, in this process):
+# - the tiny ViT (tests/zoo.py vit_tiny, issue 15; tests/test_vit.py verifies it): IBP and CROWN
+#   (its alpha-CROWN would double the jobs' time);
+# - tp_smooth_chain (silu, sin, hard_swish, softplus, log in one Megatron zone of 520 channels,
+#   a replicated Gelu after it) and ln_relu_block (a transformer MLP zone between replicated
+#   LayerNorms), for tests/ops/test_gated.py, whose own three jobs they were: P = 4 in tp leaves
+#   one rank without a block of a zone, so every kernel also meets empty slices.
+EVERY_SHARDED_RUN = {(mode, P) for mode in ("fsdp", "tp") for P in (2, 3, 4)}
+GUESTS = {"vit_tiny": ({("fsdp", 2), ("fsdp", 3), ("tp", 2)}, ["ibp", "crown"]),
+          "tp_smooth_chain": (EVERY_SHARDED_RUN, METHODS),
+          "ln_relu_block": (EVERY_SHARDED_RUN, METHODS)}
+
+
+def _guest_box(name, shape):
+    """The ViT: radius 0.02 around an image in [0, 1]; the others: multirank.zoo_cases' box
+    (seed 5, radius 0.2), the box test_gated's jobs used."""
+    if name == "vit_tiny":
+        x0 = np.random.default_rng(3).uniform(0, 1, size=int(np.prod(shape))).astype(np.float32)
+        return x0 - np.float32(0.02), x0 + np.float32(0.02)
+    return random_box(np.random.default_rng(5), shape, 0.2)
+
+
 @pytest.fixture(scope="module")
-def vit(op_zoo):
-    """vit_tiny's single / fsdp / tp programs and a box of radius 0.02 around an image."""
+def guests(op_zoo):
+    """Per guest: its runs, methods, box and single / fsdp / tp programs."""
     tmp, _ = op_zoo
-    model, shape = zoo.build("vit_tiny")
-    path = tmp / "vit_tiny.onnx"
-    onnx.save(model, path)
-    x0 = np.random.default_rng(3).uniform(0, 1, size=int(np.prod(shape))).astype(np.float32)
-    dirs = {mode: compile_to(str(path), str(tmp / f"vit_tiny_{mode}"), mode=mode,
-                             summation="blocked", tp_intermediate="crown")
-            for mode in ("single", "fsdp", "tp")}
-    return dict(lo=x0 - np.float32(0.02), hi=x0 + np.float32(0.02), dirs=dirs)
-
-
-def _entries(models, mode, vit=None):
-    out = [box_entry(m["dirs"][mode], m["lo"], m["hi"]) for m in models.values()]
-    if vit is not None:
-        out.append({**box_entry(vit["dirs"][mode], vit["lo"], vit["hi"]), "methods": VIT_METHODS})
+    out = {}
+    for name, (runs, methods) in GUESTS.items():
+        model, shape = zoo.build(name)
+        path = tmp / f"{name}.onnx"
+        onnx.save(model, path)
+        lo, hi = _guest_box(name, shape)
+        dirs = {mode: compile_to(str(path), str(tmp / f"{name}_{mode}"), mode=mode,
+                                 summation="blocked", tp_intermediate="crown")
+                for mode in ("single", "fsdp", "tp")}
+        out[name] = dict(runs=runs, methods=methods, lo=lo, hi=hi, dirs=dirs)
     return out
+
+
+def _entries(models, mode):
+    return [box_entry(m["dirs"][mode], m["lo"], m["hi"]) for m in models.values()]
+
+
+def _guest_entries(guests, mode, P):
+    return [{**box_entry(g["dirs"][mode], g["lo"], g["hi"]), "methods": g["methods"]}
+            for g in guests.values() if mode == "single" or (mode, P) in g["runs"]]
 
 
 BOUND_WORLDS = {"single": (1,), "fsdp": (1, 2, 3, 4), "tp": (2, 3)}
@@ -84,23 +110,26 @@ VERIFY_WORLD = {"single": 1, "fsdp": 2, "tp": 2}
 
 
 @pytest.fixture(scope="module")
-def runs(op_zoo, vit):
+def runs(op_zoo, guests):
     """{(mode, P): results} of one job per world size: every model's bounds (METHODS) in
-    each mode of BOUND_WORLDS that has this P (and the ViT's, VIT_METHODS, single and
-    VIT_RUNS), and the properties of _properties verified on VERIFY_WORLD (tp_* models:
-    bounds only) in the same jobs: the programs of every mode with this P share its job
-    (results are per program directory; P = 1 runs in this process), so each P is one
-    process launch."""
+    each mode of BOUND_WORLDS that has this P, the guests' in their runs (and single mode),
+    and the properties of _properties verified on VERIFY_WORLD (tp_* models: bounds only) in
+    the same jobs: the programs of every mode with this P share its job (results are per
+    program directory; P = 1 runs in this process), so each P is one process launch."""
     tmp, models = op_zoo
     verified = {k: v for k, v in models.items() if not k.startswith("tp_")}
     specs = {name: _properties(tmp, name, m) for name, m in verified.items()}
+    guest_runs = set().union(*(g["runs"] for g in guests.values()))
     out = {}
-    for P in sorted({P for worlds in BOUND_WORLDS.values() for P in worlds}):
-        modes = [mode for mode, worlds in BOUND_WORLDS.items() if P in worlds]
+    for P in sorted({P for worlds in BOUND_WORLDS.values() for P in worlds}
+                    | {P for _, P in guest_runs}):
+        modes = sorted({mode for mode, worlds in BOUND_WORLDS.items() if P in worlds}
+                       | {mode for mode, p in guest_runs if p == P})
         entries = []
         for mode in modes:
-            with_vit = vit if mode == "single" or (mode, P) in VIT_RUNS else None
-            entries += _entries(models, mode, with_vit)
+            if P in BOUND_WORLDS.get(mode, ()):
+                entries += _entries(models, mode)
+            entries += _guest_entries(guests, mode, P)
             if VERIFY_WORLD[mode] == P:
                 entries += [{"dir": m["dirs"][mode],
                              "specs": [s for s, _ in specs[name] if _runs_in(mode, name, s)],
@@ -110,16 +139,18 @@ def runs(op_zoo, vit):
     return verified, specs, out
 
 
-def test_fsdp_and_tp_bounds_bitwise_equal_single(op_zoo, vit, runs):
+def test_fsdp_and_tp_bounds_bitwise_equal_single(op_zoo, guests, runs):
     _, models = op_zoo
     results = runs[2]
     single = results[("single", 1)]
+    for name, g in guests.items():
+        for mode, P in g["runs"]:
+            for method in g["methods"]:
+                assert (results[(mode, P)][(g["dirs"][mode], method)]["sha"]
+                        == single[(g["dirs"]["single"], method)]["sha"]), (name, mode, P, method)
     for mode in ("fsdp", "tp"):
         for P in BOUND_WORLDS[mode]:
             got = results[(mode, P)]
-            for method in VIT_METHODS if (mode, P) in VIT_RUNS else ():
-                assert (got[(vit["dirs"][mode], method)]["sha"]
-                        == single[(vit["dirs"]["single"], method)]["sha"]), ("vit", mode, P, method)
             for name, m in models.items():
                 for method in METHODS:
                     assert (got[(m["dirs"][mode], method)]["sha"]

@@ -1,9 +1,9 @@
 """Issue 15's small Vision Transformer (tests/zoo.py `vit_tiny`: patch Conv, class token by
 Concat, positional embedding, 2 attention blocks with Softmax, BatchNorm norms, GELU MLPs,
 mean pooling, a linear head; torch.onnx.export(..., dynamo=False)) in single mode: it
-compiles into the bilinear, softmax and gelu kernels, its forward pass is onnxruntime's, CROWN
-and alpha-CROWN bounds hold every sampled and PGD point and CROWN is strictly tighter than
-IBP, and `verify` proves robustness at a small radius and finds a counterexample at a large
+compiles into the bilinear, softmax and gelu kernels, its forward pass is onnxruntime's, IBP
+and CROWN bounds hold every sampled and PGD point and CROWN is strictly tighter than IBP
+(alpha-CROWN through the same kernels is sampled per op in tests/ops), and `verify` proves robustness at a small radius and finds a counterexample at a large
 one. fsdp and tp bitwise single mode: tests/test_op_zoo.py (the same jobs as the op zoo)."""
 
 from __future__ import annotations

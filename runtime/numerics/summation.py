@@ -57,6 +57,7 @@ from . import blocked_gemm, blocked_grid, nonfinite
 from .blocked_gemm import MIN_COLS, MIN_ROWS, pad_rows
 from .blocktree import (BLOCK, _block_range, combine_subtotals, shard_k_ranges, subtree_totals,
                         tree_nodes, tree_reduce)
+from .shapes import broadcast_shape
 from .ozaki import (_rows, exact_dot_last, exact_exponents, exact_finalize,
                     exact_matmul, exact_partials, round_sum_f32, slice_width)
 
@@ -200,7 +201,7 @@ def _blocked_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     K = b.shape[-1]
     if b.numel() == K and a.shape[-1] == K and K:         # one vector for all rows: one GEMM
         return blocked_matmul(a, b.reshape(1, K))[..., 0]
-    shape = torch.broadcast_shapes(a.shape, b.shape)
+    shape = broadcast_shape(a.shape, b.shape)
     lead, K = shape[:-1], shape[-1]
     if K == 0 or lead.numel() == 0:
         return torch.zeros(lead, dtype=torch.float32, device=a.device)

@@ -22,6 +22,8 @@ import math
 
 import torch
 
+from shardbound.runtime.numerics.shapes import broadcast_shape
+
 F64 = torch.float64
 INF = math.inf
 BISECTION_STEPS = 48    # `bisect`'s default (S-shaped tangents: Newton, smooth.NEWTON_STEPS)
@@ -39,17 +41,6 @@ def bisect(fn, a, b, steps: int = BISECTION_STEPS):
         above = fn(m) > 0
         b, a = torch.where(above, m, b), torch.where(above, a, m)
     return (a + b) / 2
-
-
-def broadcast_shape(*shapes) -> tuple[int, ...]:
-    """torch.broadcast_shapes for valid shapes, without its Python-side checks (~100 us)."""
-    rank = max(len(s) for s in shapes)
-    out = [1] * rank
-    for shape in shapes:
-        for i, n in enumerate(shape, rank - len(shape)):
-            if n != 1:
-                out[i] = n
-    return tuple(out)
 
 
 def no_nan(v: torch.Tensor, fill: float) -> torch.Tensor:

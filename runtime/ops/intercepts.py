@@ -56,7 +56,8 @@ import torch
 
 from shardbound.runtime.ops.intercept_search import (  # noqa: F401  (re-exported)
     BISECTION_STEPS, ENVELOPE_STEPS, F64, INF, SIDES as _SIDES, TOUCH_STEPS, SlopeSearch, bisect,
-    broadcast_shape, h_convexity, no_nan)
+    h_convexity, no_nan)
+from shardbound.runtime.numerics.shapes import broadcast_shape
 from shardbound.runtime.ops.relaxation import ElementwiseRelaxation, Lines
 from shardbound.runtime.ops.memo import tensor_key
 

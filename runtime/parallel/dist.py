@@ -17,6 +17,7 @@ import re
 import torch
 
 from shardbound.runtime.errors import ShardboundError
+from shardbound.runtime.parallel.progress import ProgressPublisher, progress_key
 
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -91,21 +92,21 @@ class Comm:
         self.world = dist.get_world_size()
         self.step = 0
         self._store = _default_store()
+        self._progress = (ProgressPublisher(self._store, self.rank)
+                          if self._store is not None else None)
 
     # -- failure reporting -------------------------------------------------------------------
     def _enter(self, what: str) -> None:
         self.step += 1
         _maybe_inject_fault(self.rank, self.step)
-        if self._store is not None:
-            try:
-                self._store.set(progress_key(self.rank), str(self.step))
-            except Exception:
-                pass
+        if self._progress is not None:
+            self._progress.step = self.step      # published by its thread (progress.py)
         self._what = what
 
     def _failed(self, e: Exception) -> RankFailure:
         behind = []
-        if self._store is not None:
+        if self._progress is not None:
+            self._progress.flush()
             for r in range(self.world):
                 if r == self.rank:
                     continue
@@ -160,6 +161,9 @@ class Comm:
         self._run("barrier", lambda: self.dist.barrier())
 
     def close(self) -> None:
+        if self._progress is not None:
+            self._progress.close()
+            self._progress = None
         if self.dist.is_initialized():
             self.dist.destroy_process_group()
 
@@ -208,7 +212,7 @@ def _maybe_inject_fault(rank: int, step: int) -> None:
 
 def _default_store():
     """The job's rendezvous store itself (not torch's prefixed view of it), so that progress
-    keys have the plain names the launcher reads (see `progress_key`)."""
+    keys have the plain names the launcher reads (see progress.progress_key)."""
     try:
         from torch.distributed import PrefixStore
         from torch.distributed.distributed_c10d import _get_default_store
@@ -219,11 +223,6 @@ def _default_store():
         return store
     except Exception:
         return None
-
-
-def progress_key(rank: int) -> str:
-    """The store key where a rank counts the collectives it has entered."""
-    return f"shardbound/progress/{rank}"
 
 
 def _first_line(e: Exception) -> str:

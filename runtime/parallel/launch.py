@@ -167,7 +167,7 @@ def _stopped(proc) -> bool:
 
 
 class _Progress:
-    """Each rank's count of collectives entered (dist.progress_key, in the store the launcher
+    """Each rank's count of collectives entered (progress.progress_key, in the store the launcher
     hosts) and when it last moved: a rank is hung when it is stopped (SIGSTOP, a debugger) or
     has been behind the furthest rank, without moving, for HUNG_AFTER seconds. (Ranks are
     often one collective apart for a moment: being behind alone proves nothing.)"""
@@ -178,7 +178,7 @@ class _Progress:
         self.moved = [time.monotonic()] * nproc
 
     def poll(self) -> None:
-        from shardbound.runtime.parallel.dist import progress_key
+        from shardbound.runtime.parallel.progress import progress_key
 
         now = time.monotonic()
         for rank in range(self.nproc):

@@ -27,6 +27,7 @@ import math
 import torch
 
 from shardbound.runtime.numerics import contract
+from shardbound.runtime.numerics.shapes import broadcast_shape
 from shardbound.runtime.numerics.summation import (BLOCK, combine_subtotals, shard_k_ranges,
                                           shard_subtotals, subtree_totals, tree_nodes)
 
@@ -161,11 +162,11 @@ class BlockedReduction(Reduction):
 
     def reduce_dot(self, a, b, X=1):
         if self.sole_owner is not None:
-            shape = torch.broadcast_shapes(a.shape, b.shape)[:-1]
+            shape = broadcast_shape(a.shape, b.shape)[:-1]
             return self._from_sole_owner(lambda: contract.dot_last(a, b, self.order), shape, a)
         ranges, K = self._k_ranges(X)
         k0, k1 = ranges[self.comm.rank]
-        shape = torch.broadcast_shapes(a.shape, b.shape)[:-1]
+        shape = broadcast_shape(a.shape, b.shape)[:-1]
         mine = []
         if k1 > k0 and a.numel():
             nb = -(-(k1 - k0) // BLOCK)
@@ -289,7 +290,10 @@ class _LocalOfReplicated(torch.autograd.Function):
             out = ctx.fn(A_)
             part = None
             if out.requires_grad:       # a rank without channels has a constant part
-                (part,) = torch.autograd.grad(out, A_, grad, allow_unused=True)
+                # The vector-Jacobian product as the gradient of <out, grad>: autograd hands
+                # `out` exactly `grad` (1 * grad), so the bits are those of grad_outputs=grad,
+                # whose shape check imports sympy on first use (~0.5 s in every rank).
+                (part,) = torch.autograd.grad((out * grad).sum(), A_, allow_unused=True)
         if part is None:
             part = torch.zeros_like(A)
         return ctx.red.sum_partials(part.contiguous()), None, None

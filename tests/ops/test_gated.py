@@ -215,33 +215,9 @@ def test_a_product_of_two_layers_is_a_general_product(tmp_path):
 
 
 # -- fsdp and tp: bitwise single mode ----------------------------------------------------------
-MULTIRANK_METHODS = ["ibp", "crown", "alpha-crown"]
-
-
-@pytest.fixture(scope="module")
-def multirank(tmp_path_factory):
-    """tests/zoo.py's tp_smooth_chain (silu, sin, hard_swish, softplus, log in one Megatron zone
-    of 520 channels, a replicated Gelu after it) and ln_relu_block (a transformer MLP zone
-    between replicated LayerNorms) in fsdp and tp (--tp-intermediate crown), each next to its
-    single-mode program; one job each on P = 2, 3 and 4 ranks runs them all (P = 4: one rank
-    holds no block of a zone, so every kernel also meets empty slices)."""
-    from multirank import compile_pairs, run_pairs, zoo_cases
-
-    tmp = tmp_path_factory.mktemp("gated_multirank")
-    cases = zoo_cases(tmp, ("tp_smooth_chain", "ln_relu_block"), seed=5, radius=0.2)
-    pairs = {"fsdp": compile_pairs(tmp, cases, "fsdp"),
-             "tp": compile_pairs(tmp, cases, "tp", tp_intermediate="crown")}
-    single, runs = run_pairs(tmp, pairs["fsdp"] + pairs["tp"], MULTIRANK_METHODS, (2, 3, 4))
-    return pairs, single, runs
-
-
-@pytest.mark.multirank
-@pytest.mark.parametrize("mode", ["fsdp", "tp"])
-def test_multirank_bitwise_single(multirank, mode):
-    from multirank import assert_pairs_bitwise
-
-    pairs, single, runs = multirank
-    assert_pairs_bitwise(pairs[mode], single, runs, MULTIRANK_METHODS, label=(mode,))
+# tp_smooth_chain and ln_relu_block are guests of tests/test_op_zoo.py's jobs (fsdp and tp on
+# P = 2, 3 and 4, IBP, CROWN and alpha-CROWN, bitwise single mode): one job per P for the
+# whole op zoo instead of three more of their own.
 
 
 def test_tp_zone_holds_the_smooth_chain(tmp_path):
