@@ -214,22 +214,29 @@ class RigorousBounds:
                 return t, max(1, cap // 2)
         raise AssertionError("unreachable")
 
-    def _window_rows(self, n, idx, bounds, lo, hi, new_l, new_h):
-        """`_node_bounds` with windowed rows (window.py): the inexact neurons of each spatial
-        tile together, their A-matrices only over the windows they reach."""
+    def _window_rows(self, n, idx, bounds, lo, hi, new_l, new_h, alphas=None):
+        """`_node_bounds` / `_alpha_node_bounds` with windowed rows (window.py): the neurons
+        idx of each spatial tile together, their A-matrices only over the windows they
+        reach (`alphas`: op -> (B, 2 len(idx), ...), rows z_i then -z_i in idx's order)."""
         C, H, W = n.shape
         B = new_l.shape[0]
+        k = len(idx)
         t, per_chunk = self._tile(n)
         self._window_mags = {}
-        for (y0, x0, th, tw), rows_all in window.tiles(idx, n.shape, t):
-            for at in range(0, len(rows_all), per_chunk):
-                rows = rows_all[at:at + per_chunk]
+        where = torch.arange(k)
+        for (y0, x0, th, tw), pos_all in window.tiles(idx, n.shape, t, where):
+            for at in range(0, len(pos_all), per_chunk):
+                pos = pos_all[at:at + per_chunk]
+                rows = idx[pos]
                 r = len(rows)
+                al = None if alphas is None else {
+                    name: torch.cat([a[:, pos], a[:, k + pos]], dim=1)
+                    for name, a in alphas.items()}
                 ch, ys, xs = rows // (H * W), (rows % (H * W)) // W, rows % W
                 eye = torch.zeros(r, C, th, tw, dtype=DT)
                 eye[torch.arange(r), ch, ys - y0, xs - x0] = 1.0
                 L0 = torch.cat([eye, -eye]).unsqueeze(0).expand(B, -1, -1, -1, -1)
-                c = window.backward(self, n.name, window.Win(L0, y0, x0), bounds, lo, hi)
+                c = window.backward(self, n.name, window.Win(L0, y0, x0), bounds, lo, hi, al)
                 new_l[:, rows] = torch.maximum(new_l[:, rows], c[:, :r])
                 new_h[:, rows] = torch.minimum(new_h[:, rows], -c[:, r:])
         self._window_mags = None
@@ -242,6 +249,9 @@ class RigorousBounds:
         B = l.shape[0]
         new_l, new_h = l.reshape(B, -1).clone(), h.reshape(B, -1).clone()
         M, k = new_l.shape[1], len(index)
+        if self.windowed and window.is_grid(n.shape) and k:
+            self._window_rows(n, index, bounds, lo, hi, new_l, new_h, alphas)
+            return new_l.reshape(l.shape), new_h.reshape(h.shape)
         for at in range(0, k, self.row_chunk):
             rows = index[at:at + self.row_chunk]
             r = len(rows)

@@ -133,9 +133,10 @@ def row_elements(rig, wins) -> int:
     return most
 
 
-def backward(rig, target: str, L0: Win, bounds, lo, hi) -> torch.Tensor:
-    """`RigorousBounds._backward` (no alphas, no betas) with windowed rows: a rigorous lower
-    bound (B, S) of L0 . value(target) over the boxes."""
+def backward(rig, target: str, L0: Win, bounds, lo, hi, alphas=None) -> torch.Tensor:
+    """`RigorousBounds._backward` (no betas) with windowed rows: a rigorous lower bound (B, S)
+    of L0 . value(target) over the boxes (`alphas`: node -> (B, S, ...), the relaxations'
+    parameters; an elementwise step's are cropped with the row when they are per element)."""
     B, S = L0.t.shape[:2]
     acc = {target: L0}
     c = torch.zeros(B, S, dtype=DT)
@@ -188,10 +189,15 @@ def backward(rig, target: str, L0: Win, bounds, lo, hi) -> torch.Tensor:
                 t = L if win is None else win.t
                 charge_(absdot_upper(t.reshape(B, S, -1), dv.reshape(B, 1, -1)))
         how = getattr(n, "window", None)
+        alpha = None if alphas is None else alphas.get(n.name)
+        if alpha is not None and win is not None and not (
+                how == "elementwise" and tuple(alpha.shape[-3:]) == tuple(n.shape)):
+            L, win = win.dense(n.shape), None         # parameters not per element: dense
         if win is not None and how == "elementwise" and all(
                 tuple(s) == tuple(n.shape) for s in n.in_shapes):
             ins = [tuple(win.crop(v) for v in bounds[i]) for i in n.inputs]
-            parts, bias = n.back(win.t, ins, [mag(i, win) for i in n.inputs])
+            parts, bias = n.back(win.t, ins, [mag(i, win) for i in n.inputs],
+                                 None if alpha is None else win.crop(alpha))
             parts = [(Win(L_in, win.y0, win.x0), charge) for L_in, charge in parts]
         elif win is not None and hasattr(n, "back_window"):
             parts, bias = n.back_window(win, [bounds[i] for i in n.inputs],
@@ -199,7 +205,7 @@ def backward(rig, target: str, L0: Win, bounds, lo, hi) -> torch.Tensor:
         else:
             dense = L if win is None else win.dense(n.shape)
             parts, bias = n.back(dense, [bounds[i] for i in n.inputs],
-                                 [mag(i) for i in n.inputs])
+                                 [mag(i) for i in n.inputs], alpha)
             parts = [(_as_window(L_in, rig.by_name[i].shape), charge)
                      for i, (L_in, charge) in zip(n.inputs, parts)]
         if bias is not None:
@@ -216,21 +222,20 @@ def _as_window(L_in, shape):
     return Win(L_in, 0, 0)
 
 
-def tiles(idx: torch.Tensor, shape, t: int):
+def tiles(idx: torch.Tensor, shape, t: int, payload: torch.Tensor | None = None):
     """The flat neuron indices idx of a (C, H, W) node grouped by t x t spatial tile: [(box,
-    indices)] in tile order (deterministic)."""
+    payload's entries of the tile's neurons)] (payload: idx itself unless given), tile by
+    tile, by index within a tile (deterministic)."""
     C, H, W = shape
-    y = (idx % (H * W)) // W
-    x = idx % W
-    key = (y // t) * ((W + t - 1) // t) + (x // t)
-    out = []
-    order = torch.argsort(key * (C * H * W) + idx)      # stable: by tile, then index
-    idx, key = idx[order], key[order]
-    uniq, counts = torch.unique_consecutive(key, return_counts=True)
-    at = 0
+    payload = idx if payload is None else payload
     nx = (W + t - 1) // t
+    key = (((idx % (H * W)) // W) // t) * nx + (idx % W) // t
+    order = torch.argsort(key * (C * H * W) + idx)
+    payload, key = payload[order], key[order]
+    uniq, counts = torch.unique_consecutive(key, return_counts=True)
+    out, at = [], 0
     for k, cnt in zip(uniq.tolist(), counts.tolist()):
         ty, tx = (k // nx) * t, (k % nx) * t
-        out.append(((ty, tx, min(t, H - ty), min(t, W - tx)), idx[at:at + cnt]))
+        out.append(((ty, tx, min(t, H - ty), min(t, W - tx)), payload[at:at + cnt]))
         at += cnt
     return out
