@@ -5,7 +5,10 @@ single mode, its 1/P shards in fsdp), `gathered_param` (full parameters gathered
 `a_matrix` (live CROWN A-matrices), `bounds` (intermediate bounds and IBP tensors),
 `collective` (tp: send and receive buffers of the reduction of Partial tensors), and for
 alpha-CROWN `alpha` (the slopes with the optimiser's two moment tensors) and `autograd` (what
-the autograd graph saves for the gradient: mostly earlier A-matrices and slopes). The
+the autograd graph saves for the gradient: mostly earlier A-matrices and slopes), and in
+--soundness real/float32 `kept_alpha` (full alpha-CROWN's parameters kept per row for the
+root certificate, held from the end of the optimisation until the certificate has re-evaluated
+them; while optimising, the kept copies count in `alpha`). The
 tracked peak is the peak of the sum; peak RSS comes from the OS, so single and sharded runs
 compare directly.
 
@@ -24,7 +27,7 @@ import sys
 from shardbound.runtime.errors import ShardboundError
 
 CATEGORIES = ("resident_param", "gathered_param", "a_matrix", "bounds", "collective", "alpha",
-              "autograd")
+              "autograd", "kept_alpha")
 
 
 class MemoryBudgetExceeded(ShardboundError):
@@ -92,6 +95,7 @@ class MemoryLedger:
                 "peak_collective_bytes": self.peak["collective"],
                 "peak_alpha_bytes": self.peak["alpha"],
                 "peak_autograd_bytes": self.peak["autograd"],
+                "peak_kept_alpha_bytes": self.peak["kept_alpha"],
                 "peak_rss_bytes": peak_rss_bytes()}
 
 

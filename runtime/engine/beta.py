@@ -90,12 +90,15 @@ def beta_crown(network, ibp, known, lower, upper, C, splits, lb_start,
               ParamGroup(list(betas.values()), LR_BETA, project_betas)]
     ledger = network.ledger
     saved = SavedTensorCounter(ledger)
-    ledger.set("alpha", alpha_bytes(alphas) + 4 * sum(t.numel() * t.element_size()
-                                                      for t in betas.values()))
     keep = None
     if best_out is not None:
         keep = {**{("alpha", k): a for k, a in alphas.items()},
                 **{("beta", k): b for k, b in betas.items()}}
+    # betas with their moments (and the copy of the start); the kept best parameters (real /
+    # float32 mode) are one more copy of every alpha and beta
+    kept_bytes = 0 if keep is None else sum(t.numel() * t.element_size() for t in keep.values())
+    ledger.set("alpha", alpha_bytes(alphas) + 4 * sum(t.numel() * t.element_size()
+                                                      for t in betas.values()) + kept_bytes)
     try:
         best = maximise(objective, groups, iterations, start=start, stop=stop, saved=saved,
                         keep=keep)

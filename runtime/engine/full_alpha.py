@@ -96,7 +96,6 @@ def full_alpha_crown(network, lower: torch.Tensor, upper: torch.Tensor, C=None,
     every = [final_alphas] + [s.alphas for s in starts]
     ledger = network.ledger
     saved = SavedTensorCounter(ledger)
-    ledger.set("alpha", sum(alpha_bytes(al) for al in every))
     current = {"known": dict(known)}
     sharded = (a, b) != (0, S_all) or any(len(s.mine) != len(s.index) for s in starts)
     keep_final = {} if replay is not None and not sharded else None
@@ -105,6 +104,10 @@ def full_alpha_crown(network, lower: torch.Tensor, upper: torch.Tensor, C=None,
         keep_final.update(final_alphas)
         kept = {s.node.name: {k: t.detach().clone() for k, t in s.alphas.items()}
                 for s in starts}
+    # the kept copies (each row's best parameters, one more copy of every alpha) are held
+    # beside the optimised ones and their moments
+    kept_bytes = 0 if keep_final is None else sum(alpha_bytes(al) // 3 for al in every)
+    ledger.set("alpha", sum(alpha_bytes(al) for al in every) + kept_bytes)
 
     def objective(last):
         cur = dict(known)
@@ -136,6 +139,7 @@ def full_alpha_crown(network, lower: torch.Tensor, upper: torch.Tensor, C=None,
     if keep_final is not None:
         replay["final"] = keep_final
         replay["nodes"] = {s.node.name: (s.index, kept[s.node.name]) for s in starts}
+        ledger.set("kept_alpha", kept_bytes)    # until the root certificate has used them
     tightened = current["known"]
     lb = torch.maximum(network.rows.gather(best, S_all), lb_all)
     if starts:      # CROWN's upper side on the tightened intermediate bounds

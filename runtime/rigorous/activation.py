@@ -39,6 +39,8 @@ class ReluStep(LinesStep):
     """Exact in float32; the lower line (slope 0 or 1, or alpha's in [0, 1] on unstable
     neurons) has no intercept."""
 
+    window = "elementwise"
+
     def forward(self, xs):
         return xs[0].clamp(min=0)
 

@@ -40,6 +40,8 @@ class AffineStep(LinearMapStep):
 
 @rigorous_step(Add)
 class AddStep(LinearMapStep):
+    window = "elementwise"
+
     def load(self, op):
         self.coeffs = op.coeffs
 

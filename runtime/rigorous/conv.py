@@ -10,7 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from shardbound.runtime.ops.conv import Conv2d, ConvTranspose2d
-from shardbound.runtime.rigorous.core import WeightedStep, rigorous_step
+from shardbound.runtime.rigorous.core import (TINY, WeightedStep, down, gamma, rigorous_step,
+                                              rowdot, up)
+from shardbound.runtime.rigorous.window import Win
 
 
 class ConvGeometry:
@@ -58,6 +60,43 @@ class ConvGeometry:
         H, W = self.in_hw
         return out[:, :, pt:pt + H, pl:pl + W]
 
+    def _span(self, axis, o, n):
+        """Input positions (first, count) and the local fold's crop (start) that output
+        positions o .. o + n - 1 read along `axis` (0: rows, 1: columns)."""
+        s, d, k = self.strides[axis], self.dilations[axis], self.kernel[axis]
+        pad, size = self.pads[axis], self.in_hw[axis]
+        a = o * s - pad                                  # the first tap, unpadded
+        b = (o + n - 1) * s - pad + d * (k - 1)          # the last tap
+        first, last = max(a, 0), min(b, size - 1)
+        return first, max(last - first + 1, 0), first - a, (n - 1) * s + d * (k - 1) + 1
+
+    def in_window(self, box):
+        y0, x0, h, w = box
+        fy, ny = self._span(0, y0, h)[:2]
+        fx, nx = self._span(1, x0, w)[:2]
+        return fy, fx, ny, nx
+
+    def conv_back_window(self, win: Win, w) -> Win:
+        """The adjoint of a window of output positions: only its windows' taps (F.fold over
+        the local grid they span), cropped to the input grid."""
+        y0, x0, h, wd = win.box
+        fy, ny, cy, sy = self._span(0, y0, h)
+        fx, nx, cx, sx = self._span(1, x0, wd)
+        A = win.t
+        N, Cout = A.shape[:2]
+        G, k = self.groups, math.prod(w.shape[1:])
+        og = Cout // G
+        A2 = A.reshape(N, Cout, -1).transpose(1, 2)                       # (N, h*w, Cout)
+        w2 = w.reshape(Cout, k)
+        if og == 1 and G > 1:       # depthwise (average pooling): one product per column
+            cols = (A2.unsqueeze(-1) * w2.reshape(1, 1, G, k)).reshape(N, A2.shape[1], G * k)
+        else:
+            parts = [A2[..., g * og:(g + 1) * og] @ w2[g * og:(g + 1) * og] for g in range(G)]
+            cols = torch.cat(parts, -1) if G > 1 else parts[0]
+        out = F.fold(cols.transpose(1, 2), (sy, sx), self.kernel, dilation=self.dilations,
+                     stride=self.strides)
+        return Win(out[:, :, cy:cy + ny, cx:cx + nx], fy, fx)
+
 
 class _ConvStep(WeightedStep):
     def load(self, op):
@@ -80,6 +119,39 @@ class Conv2dStep(_ConvStep):
         super().load(op)
         self.geom = ConvGeometry(self.in_shapes[0][1:], (self.kh, self.kw), op.strides, op.pads,
                                  op.dilations, op.groups)
+        self._wm = None
+
+    # -- windowed rows (window.py) ----------------------------------------------------------
+    def in_window(self, box):
+        return [self.geom.in_window(box)]
+
+    def window_cols(self, box):
+        """The im2col columns of the window: every output position's taps."""
+        return box[2] * box[3] * math.prod(self.w.shape[1:]) * self.groups
+
+    def back_window(self, win, in_bounds, mags):
+        """`back` for a window of rows: the same coefficients, charges and bias over the
+        window's positions (the dense pass's terms outside it are exact zeros)."""
+        B, S = win.t.shape[:2]
+        C = self.shape[0]
+        t = win.t.reshape(B * S, C, *win.t.shape[-2:])
+        got = self.geom.conv_back_window(Win(t, win.y0, win.x0), self.w)
+        L_in = Win(got.t.reshape(B, S, *got.t.shape[1:]), got.y0, got.x0)
+        if self._wm is None or self._wm[0] is not mags[0]:
+            wm = up(self.apply([mags[0].squeeze(1)], absolute=True)
+                    * (1.0 + gamma(self.fan_in() + 1)))
+            self._wm = (mags[0], wm)
+        wm = win.crop(self._wm[1])
+        flat = win.t.reshape(B, S, -1)
+        La = flat.abs()
+        n = La.shape[-1]
+        charge = up(up(rowdot(La, wm.reshape(B, 1, -1)) * (1.0 + gamma(n + 1)) + n * TINY)
+                    * gamma(self.fan_out() + 1))
+        bias = None
+        if self.b is not None:
+            bv = self.b.reshape(-1, 1, 1).expand(C, *win.t.shape[-2:]).reshape(-1)
+            bias = down(flat @ bv - (gamma(n + 1) * (La @ bv.abs()) + n * TINY))
+        return [(L_in, charge)], bias
 
     def matmul(self, x, w):
         return self.geom.conv(x, w)

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from shardbound.runtime.errors import ShardboundError
+from shardbound.runtime.rigorous import window
 from shardbound.runtime.rigorous.core import (DT, absdot_upper, dot_lower, down, product_charge,
                                               step_class, up)
 
@@ -58,6 +59,8 @@ def covered_kinds() -> list[str]:
 
 class RigorousBounds:
     """Rigorous IBP + CROWN of a compiled network (see the module docstring)."""
+
+    windowed = True      # grid nodes' rows over the windows they reach (window.py)
 
     def __init__(self, network, soundness: str):
         check_covered(network, soundness)
@@ -183,6 +186,9 @@ class RigorousBounds:
             return l, h
         M = fl.shape[1]
         new_l, new_h = fl.clone(), fh.clone()
+        if self.windowed and window.is_grid(n.shape):
+            self._window_rows(n, idx, bounds, lo, hi, new_l, new_h)
+            return new_l.reshape(l.shape), new_h.reshape(h.shape)
         for at in range(0, len(idx), self.row_chunk):
             rows = idx[at:at + self.row_chunk]
             eye = torch.zeros(len(rows), M, dtype=DT)
@@ -194,6 +200,47 @@ class RigorousBounds:
             new_h[:, rows] = torch.minimum(new_h[:, rows], -c[:, len(rows):])
         return new_l.reshape(l.shape), new_h.reshape(h.shape)
 
+    def _tile(self, n):
+        """The largest spatial tile (side, rows per chunk) whose rows fit the row budget,
+        from the windows a centre tile's rows reach (window.reach)."""
+        C, H, W = n.shape
+        for t in (16, 8, 4, 2, 1):
+            if t > max(H, W):
+                continue
+            y0, x0 = max(0, (H - t) // 2), max(0, (W - t) // 2)
+            wins = window.reach(self, n.name, (y0, x0, min(t, H), min(t, W)))
+            cap = min(ROW_CHUNK, ROW_BYTES // (2 * 4 * 8 * window.row_elements(self, wins)))
+            if 2 * C * t * t <= cap or t == 1:
+                return t, max(1, cap // 2)
+        raise AssertionError("unreachable")
+
+    def _window_rows(self, n, idx, bounds, lo, hi, new_l, new_h, alphas=None):
+        """`_node_bounds` / `_alpha_node_bounds` with windowed rows (window.py): the neurons
+        idx of each spatial tile together, their A-matrices only over the windows they
+        reach (`alphas`: op -> (B, 2 len(idx), ...), rows z_i then -z_i in idx's order)."""
+        C, H, W = n.shape
+        B = new_l.shape[0]
+        k = len(idx)
+        t, per_chunk = self._tile(n)
+        self._window_mags = {}
+        where = torch.arange(k)
+        for (y0, x0, th, tw), pos_all in window.tiles(idx, n.shape, t, where):
+            for at in range(0, len(pos_all), per_chunk):
+                pos = pos_all[at:at + per_chunk]
+                rows = idx[pos]
+                r = len(rows)
+                al = None if alphas is None else {
+                    name: torch.cat([a[:, pos], a[:, k + pos]], dim=1)
+                    for name, a in alphas.items()}
+                ch, ys, xs = rows // (H * W), (rows % (H * W)) // W, rows % W
+                eye = torch.zeros(r, C, th, tw, dtype=DT)
+                eye[torch.arange(r), ch, ys - y0, xs - x0] = 1.0
+                L0 = torch.cat([eye, -eye]).unsqueeze(0).expand(B, -1, -1, -1, -1)
+                c = window.backward(self, n.name, window.Win(L0, y0, x0), bounds, lo, hi, al)
+                new_l[:, rows] = torch.maximum(new_l[:, rows], c[:, :r])
+                new_h[:, rows] = torch.minimum(new_h[:, rows], -c[:, r:])
+        self._window_mags = None
+
     def _alpha_node_bounds(self, n, bounds, lo, hi, index, alphas):
         """n's bounds intersected with the backward passes of its neurons `index` (rows z_i,
         then -z_i) with the given relaxation parameters (op name -> (B, 2 len(index), ...)):
@@ -202,6 +249,9 @@ class RigorousBounds:
         B = l.shape[0]
         new_l, new_h = l.reshape(B, -1).clone(), h.reshape(B, -1).clone()
         M, k = new_l.shape[1], len(index)
+        if self.windowed and window.is_grid(n.shape) and k:
+            self._window_rows(n, index, bounds, lo, hi, new_l, new_h, alphas)
+            return new_l.reshape(l.shape), new_h.reshape(h.shape)
         for at in range(0, k, self.row_chunk):
             rows = index[at:at + self.row_chunk]
             r = len(rows)

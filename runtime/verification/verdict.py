@@ -177,6 +177,8 @@ class _CaseRunner:
                                   lagrangian=(final, None) if final else None,
                                   node_alphas=replay.get("nodes"), both=True)
             self._root = (not self.agree(not bool(ok[0])), self.rig.last_bounds)
+            replay.clear()          # re-evaluated: the kept parameters are not needed again
+            self.net.ledger.set("kept_alpha", 0)
         return self._root
 
     def certify(self):
