@@ -124,3 +124,49 @@ def test_wrong_version_is_refused(instance):
     assert "v1" in res.stderr
     res = _sh(RUN, "v2", "test", onnx_path, tmp / "sat prop.vnnlib", tmp / "r.txt", 30, env=env)
     assert res.returncode != 0
+
+
+def test_prestarted_verifier_serves_the_instance_and_can_be_turned_off(instance):
+    """prepare_instance.sh leaves a verifier ready for the model (compiler/prestart.py) that
+    the run consumes (it exits: nothing is left running); SHARDBOUND_VNNCOMP_PRESTART=0 and a
+    model other than the prepared one both fall back to a fresh `shardbound verify`."""
+    tmp, model, onnx_path, *_, env = instance
+    state = env["SHARDBOUND_VNNCOMP_STATE"]
+    res = _sh(PREPARE, "v1", "test", onnx_path, tmp / "unsat prop.vnnlib", env=env)
+    assert res.returncode == 0, res.stderr
+    assert open(os.path.join(state, "ready"), encoding="utf-8").read() == str(onnx_path)
+    pid = int(open(os.path.join(state, "run.pid"), encoding="ascii").read())
+    other = tmp / "other copy.onnx"                 # same bytes, another path: not prepared
+    shutil.copyfile(onnx_path, other)
+    result = tmp / "fallback result.txt"
+    res = _sh(RUN, "v1", "test", other, tmp / "unsat prop.vnnlib", result, 30, env=env)
+    assert res.returncode == 0, res.stderr
+    assert result.read_text() == "unsat\n"
+    assert not os.path.exists(f"/proc/{pid}") or b"prestart" not in open(
+        f"/proc/{pid}/cmdline", "rb").read()         # the unused verifier was stopped
+    off = dict(env, SHARDBOUND_VNNCOMP_PRESTART="0")
+    res = _sh(PREPARE, "v1", "test", onnx_path, tmp / "unsat prop.vnnlib", env=off)
+    assert res.returncode == 0 and not os.path.exists(os.path.join(state, "ready"))
+
+
+def test_prestart_request_and_start_time(tmp_path, monkeypatch):
+    """The request's NUL-separated fields, and the start time a prestarted verify counts its
+    budget from (run_instance.sh's, not the long-lived process's)."""
+    import time
+
+    from shardbound.compiler import prestart
+    from shardbound.compiler.verify_cmd import _given_start
+
+    fifo = tmp_path / "request"                 # a plain file reads the same way
+    values = ["1.5", "a b.onnx", "p.vnnlib", "r.txt", "30", "", "o", "e", "rc"]
+    fifo.write_bytes(b"\0".join(v.encode() for v in values) + b"\0")
+    assert prestart.read_request(str(fifo)) == dict(zip(prestart.FIELDS, values))
+    fifo.write_bytes(b"1.5\0x")
+    with pytest.raises(ValueError):
+        prestart.read_request(str(fifo))
+    now = time.time()
+    monkeypatch.setenv(prestart.STARTED_AT_ENV, repr(now - 3.0))
+    assert _given_start() == now - 3.0
+    for bad in ("", "soon", repr(now + 100)):
+        monkeypatch.setenv(prestart.STARTED_AT_ENV, bad)
+        assert _given_start() is None
