@@ -18,9 +18,9 @@ for stdout, stderr and the exit code. The process then runs exactly the command 
 run_instance.sh would have started (`shardbound verify MODEL PROPERTY --timeout TIMEOUT
 --result RESULT --quiet --summation fast [--threads N]`), its budget counted from
 run_instance.sh's start (SHARDBOUND_VERIFY_STARTED_AT), and exits: one instance per process,
-so nothing (memory, caches, RNG state) passes from one instance to the next. Unused, it exits
-after SHARDBOUND_VNNCOMP_IDLE seconds (default 600). Its CPU seconds before and after the
-request go to STATE_DIR/cpu (`prepare request`), for bench/vnncomp.py.
+so nothing (memory, caches, RNG state) passes from one instance to the next. Unclaimed, it
+exits SHARDBOUND_VNNCOMP_IDLE seconds (default 300) after it was ready. Its CPU seconds
+before and after the request go to STATE_DIR/cpu (`prepare request`), for bench/vnncomp.py.
 """
 
 from __future__ import annotations
@@ -77,10 +77,6 @@ def read_request(fifo: str) -> dict:
 
 
 def serve(state: str, model: str) -> int:
-    idle = float(os.environ.get(IDLE_ENV, "600"))
-    unclaimed = threading.Timer(idle, lambda: os._exit(0))     # never claimed: go away
-    unclaimed.daemon = True
-    unclaimed.start()
     try:
         warm_up(model)
     except Exception:  # noqa: BLE001 - the request compiles again and reports the error
@@ -92,6 +88,10 @@ def serve(state: str, model: str) -> int:
     with open(ready + ".tmp", "w", encoding="utf-8") as f:
         f.write(model)
     os.replace(ready + ".tmp", ready)
+    idle = float(os.environ.get(IDLE_ENV, "300"))
+    unclaimed = threading.Timer(idle, lambda: os._exit(0))     # never claimed: go away
+    unclaimed.daemon = True
+    unclaimed.start()
     req = read_request(fifo)
     unclaimed.cancel()
     prepare_cpu = _cpu()
