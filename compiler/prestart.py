@@ -14,7 +14,7 @@ instance's analysis happens ahead of the timed run.
 
 A request (written by run_instance.sh) is NUL-separated fields: the wall-clock time
 run_instance.sh started, MODEL, PROPERTY, RESULT, TIMEOUT, threads (or empty), and the files
-for stdout, stderr and the exit code. The process then runs exactly the command that
+for stdout and stderr, and the FIFO that gets the exit code. The process then runs exactly the command that
 run_instance.sh would have started (`shardbound verify MODEL PROPERTY --timeout TIMEOUT
 --result RESULT --quiet --summation fast [--threads N]`), its budget counted from
 run_instance.sh's start (SHARDBOUND_VERIFY_STARTED_AT), and exits: one instance per process,
@@ -95,6 +95,11 @@ def serve(state: str, model: str) -> int:
     req = read_request(fifo)
     unclaimed.cancel()
     prepare_cpu = _cpu()
+    # The exit code goes through run_instance.sh's FIFO, held open from here: its reader gets
+    # the code, or end of file the moment this process dies. Waiting for the process itself
+    # took 1.3 s past its os._exit here (an exited process stays until its reaper, init,
+    # collects it), which put a timed-out instance over its timeout.
+    done = open(req["rc"], "w", encoding="ascii")      # noqa: SIM115 - held to the end
     os.environ[STARTED_AT_ENV] = req["started_at"]
     argv = ["verify", req["model"], req["property"], "--timeout", req["timeout"],
             "--result", req["result"], "--quiet", "--summation", "fast"]
@@ -118,8 +123,12 @@ def serve(state: str, model: str) -> int:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        _write(req["rc"], f"{code}\n")
         _write(os.path.join(state, "cpu"), f"{prepare_cpu:.6f} {_cpu() - prepare_cpu:.6f}\n")
+        try:
+            done.write(f"{code}\n")
+            done.close()
+        except OSError:
+            pass
     return code
 
 

@@ -71,8 +71,8 @@ if [ -f "$STATE_DIR/ready" ] && [ -p "$STATE_DIR/request" ] \
         && [ "$(cat -- "$STATE_DIR/ready" 2>/dev/null)" = "$ONNX" ]; then
     pid=$(cat "$PID_FILE" 2>/dev/null || true)
     OUT=$STATE_DIR/out.$$ ERR=$STATE_DIR/err.$$ RC=$STATE_DIR/rc.$$
-    rm -f -- "$OUT" "$ERR" "$RC"
-    if [[ "$pid" =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null \
+    rm -f -- "$OUT" "$OUT.code" "$ERR" "$RC"
+    if [[ "$pid" =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null && mkfifo -- "$RC" \
             && timeout 5 bash -c 'printf "%s\0" "${@:2}" > "$1"' _ "$STATE_DIR/request" \
                 "$START" "$ONNX" "$VNNLIB" "$RESULT" "$TIMEOUT" "${SHARDBOUND_THREADS:-}" \
                 "$OUT" "$ERR" "$RC"; then
@@ -83,19 +83,24 @@ rm -f -- "$STATE_DIR/ready"
 
 if [ -n "$server" ]; then
     trap 'kill -TERM -- "-$server" 2>/dev/null; write_result error; exit 1' INT TERM
-    timeout "$HARD_LIMIT" tail --pid="$server" -s 0.05 -f /dev/null
-    if [ "$?" -eq 124 ]; then
+    # Its exit code comes through the FIFO $RC (end of file, no code, if it died); not
+    # waiting for the process itself, which lingers until init reaps it.
+    # (In the background with `wait`, so that a signal's trap runs at once.)
+    timeout "$HARD_LIMIT" bash -c 'IFS= read -r code < "$1"; printf "%s" "$code" > "$2"' \
+        _ "$RC" "$OUT.code" &
+    wait "$!"
+    waited=$?
+    rc=$(cat -- "$OUT.code" 2>/dev/null || true)
+    if [ "$waited" -eq 124 ]; then
         kill -TERM -- "-$server" 2>/dev/null
         timeout 5 tail --pid="$server" -s 0.05 -f /dev/null || kill -KILL -- "-$server" 2>/dev/null
         rc=124
-    else
-        rc=$(cat -- "$RC" 2>/dev/null || true)
-        [[ "$rc" =~ ^[0-9]+$ ]] || rc=1
     fi
+    [[ "$rc" =~ ^[0-9]+$ ]] || rc=1
     trap - INT TERM
     cat -- "$OUT" 2>/dev/null
     cat -- "$ERR" >&2 2>/dev/null
-    rm -f -- "$OUT" "$ERR" "$RC" "$PID_FILE"
+    rm -f -- "$OUT" "$OUT.code" "$ERR" "$RC" "$PID_FILE"
 else
     pid=$(cat "$PID_FILE" 2>/dev/null || true)     # a prestarted verifier left unused
     if [[ "$pid" =~ ^[0-9]+$ ]] && [ -r "/proc/$pid/cmdline" ] \
