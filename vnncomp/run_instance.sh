@@ -10,7 +10,7 @@
 # When prepare_instance.sh left a verifier process ready for this model (compiler/prestart.py:
 # torch imported, network compiled), the same command runs in that process instead: the
 # property and paths go to it through the FIFO STATE_DIR/request, its budget counts from this
-# script's start, and we wait for it to exit under the same hard limit.
+# script's start, and we wait for its exit code (a FIFO) under the same hard limit.
 START=$(date +%s.%N)
 set -u
 
