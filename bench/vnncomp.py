@@ -56,6 +56,8 @@ class Outcome:
     note: str = ""
     timeout: float = 0.0  # the instance's limit (scaled), against which `seconds` is judged
     cpu: float = 0.0      # CPU seconds of the run (its processes, user + system)
+    prep_seconds: float = 0.0   # prepare_instance.sh's wall time (untimed by the harness)
+    prep_cpu: float = 0.0       # its CPU seconds, with a prestarted verifier's before the request
 
     @property
     def over(self) -> float:
@@ -154,9 +156,15 @@ def run_one(row, base, tmp, models, args, env, root=ROOT) -> Outcome:
                 "--result", result, "--quiet", "--summation", "fast",
                 *shlex.split(args.verify_args)]
     else:
+        state = env.get("SHARDBOUND_VNNCOMP_STATE", "")
+        cpu_file = os.path.join(state, "cpu")
+        if state and os.path.exists(cpu_file):
+            os.remove(cpu_file)
+        prep_start, prep_cpu0 = time.monotonic(), _children_cpu()
         prep = subprocess.run(["bash", os.path.join(root, "vnncomp", "prepare_instance.sh"),
                                "v1", family, onnx_path, vnnlib_path],
                               capture_output=True, text=True, env=env)
+        prep_seconds, prep_cpu = time.monotonic() - prep_start, _children_cpu() - prep_cpu0
         if prep.returncode != 0:
             return Outcome(name, family, expected, "error", 0.0, "unsolved",
                            f"prepare_instance.sh failed: {prep.stderr.strip()[-200:]}", timeout)
@@ -171,6 +179,10 @@ def run_one(row, base, tmp, models, args, env, root=ROOT) -> Outcome:
         stderr = "the bench killed the run"
     seconds = time.monotonic() - start
     cpu = _children_cpu() - cpu0
+    if not args.direct:         # a verifier prestarted by prepare_instance.sh: not our child
+        ahead, during = _prestart_cpu(cpu_file)
+        prep_cpu += ahead
+        cpu += during
     try:
         with open(result, encoding="utf-8") as f:
             verdict, x, y = parse_result(f.read())
@@ -184,7 +196,20 @@ def run_one(row, base, tmp, models, args, env, root=ROOT) -> Outcome:
                      vnnlib_path, x, y)
     outcome.timeout = timeout
     outcome.cpu = cpu
+    if not args.direct:
+        outcome.prep_seconds, outcome.prep_cpu = prep_seconds, prep_cpu
     return outcome
+
+
+def _prestart_cpu(path: str) -> tuple[float, float]:
+    """(CPU s before the request, CPU s of the request) that a verifier prestarted by
+    prepare_instance.sh (compiler/prestart.py) wrote to STATE_DIR/cpu; zeros without one."""
+    try:
+        with open(path, encoding="ascii") as f:
+            ahead, during = (float(v) for v in f.read().split())
+        return ahead, during
+    except (OSError, ValueError):
+        return 0.0, 0.0
 
 
 def _children_cpu() -> float:
@@ -206,8 +231,8 @@ def print_beside(pairs) -> None:
               f"| {o.seconds:.2f} | {t.seconds:.2f} | {o.cpu:.2f} | {t.cpu:.2f} |")
     print()
     print("| family | instances | other: solved | this: solved | other (s) | this (s) | "
-          "wall ratio | other CPU s | this CPU s | CPU ratio |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "wall ratio | other CPU s | this CPU s | CPU ratio | prepare CPU s other / this |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     by_family = defaultdict(list)
     for o, t in pairs:
         by_family[t.family].append((o, t))
@@ -215,8 +240,14 @@ def print_beside(pairs) -> None:
         ow, tw = sum(o.seconds for o, _ in rows), sum(t.seconds for _, t in rows)
         oc, tc = sum(o.cpu for o, _ in rows), sum(t.cpu for _, t in rows)
         solved = lambda k: sum(1 for r in rows if r[k].status == "ok")  # noqa: E731
+        op, tp = sum(o.prep_cpu for o, _ in rows), sum(t.prep_cpu for _, t in rows)
         print(f"| {family} | {len(rows)} | {solved(0)} | {solved(1)} | {ow:.1f} | {tw:.1f} | "
-              f"{tw / max(ow, 1e-9):.2f} | {oc:.1f} | {tc:.1f} | {tc / max(oc, 1e-9):.2f} |")
+              f"{tw / max(ow, 1e-9):.2f} | {oc:.1f} | {tc:.1f} | {tc / max(oc, 1e-9):.2f} | "
+              f"{op:.1f} / {tp:.1f} |")
+    print()
+    print("(run_instance.sh's wall and CPU seconds, as the harness times it; prepare_instance.sh"
+          " is untimed: its CPU seconds, a prestarted verifier's imports and compilation "
+          "included, are the last column)")
 
 
 def _judge(name, family, expected, verdict, seconds, stderr, models, onnx_path, vnnlib_path,
@@ -274,6 +305,9 @@ def print_report(outcomes):
               f" | {count(lambda o: o.status == 'unsolved')} | {count(lambda o: o.status == 'WRONG')}"
               f" | {sum(o.seconds for o in rows):.1f} | {count(lambda o: o.over > 0)}"
               f" | {max(o.over for o in rows):+.2f} |")
+        print(f"\n{family}: run_instance.sh {sum(o.cpu for o in rows):.1f} CPU s; "
+              f"prepare_instance.sh (untimed) {sum(o.prep_seconds for o in rows):.1f} s wall, "
+              f"{sum(o.prep_cpu for o in rows):.1f} CPU s\n")
     wrong = [o for o in outcomes if o.status == "WRONG"]
     print()
     if wrong:

@@ -8,6 +8,7 @@ one-line literal inside a comment; attribute values are checked to be plain numb
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -51,7 +52,10 @@ def literal(value) -> str:
     raise ValueError(f"refusing to render {type(value).__name__} as code")
 
 
+@functools.lru_cache(maxsize=1)
 def _environment() -> jinja2.Environment:
+    """One per process: it keeps the compiled template (compiling it took half of a warm
+    compile, which a prestarted verifier pays per instance; compiler/prestart.py)."""
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("shardbound.templates", ""),
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True,

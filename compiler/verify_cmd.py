@@ -33,7 +33,9 @@ def run_verify(args) -> int:
     # The command's budget counts from the process start (interpreter and imports included);
     # a call from Python (a test session, a notebook) counts from the call: a process that
     # has run for an hour must not start with its budget spent.
-    started_at = time.time() - (0.0 if not interrupts.installed() else process_age())
+    # A process started ahead of its request (compiler/prestart.py) counts from the request.
+    started_at = _given_start() or (
+        time.time() - (0.0 if not interrupts.installed() else process_age()))
     nproc = args.nproc or 1
     margin = min(STOP_MARGIN, args.timeout / 10)
     deadline = VerifyDeadline.at_wall(started_at + args.timeout - margin)
@@ -77,6 +79,18 @@ def run_verify(args) -> int:
             watchdog.cancel()
         interrupts.remove_cleanup(remove_tmp)
         remove_tmp()
+
+
+def _given_start() -> float | None:
+    """The wall-clock start that compiler/prestart.py passes for its request (the time
+    run_instance.sh started), or None."""
+    from shardbound.compiler.prestart import STARTED_AT_ENV
+
+    try:
+        given = float(os.environ.get(STARTED_AT_ENV, ""))
+    except ValueError:
+        return None
+    return given if 0 < given <= time.time() + 1 else None
 
 
 def _compile_for_verify(args, tmp: str) -> tuple[str, str]:

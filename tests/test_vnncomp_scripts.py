@@ -124,3 +124,58 @@ def test_wrong_version_is_refused(instance):
     assert "v1" in res.stderr
     res = _sh(RUN, "v2", "test", onnx_path, tmp / "sat prop.vnnlib", tmp / "r.txt", 30, env=env)
     assert res.returncode != 0
+
+
+def test_unclaimed_prestarted_verifier_is_stopped_and_prestart_can_be_off(instance):
+    """run_instance.sh for a model other than the prepared one starts its own `shardbound
+    verify` and stops the prestarted process left unused (a stand-in here: a sleeping
+    process named like one, so no second torch start is paid); with
+    SHARDBOUND_VNNCOMP_PRESTART=0 prepare_instance.sh starts nothing. (Every other test of
+    this file runs through a real prestarted verifier, compiler/prestart.py.)"""
+    import sys
+
+    tmp, model, onnx_path, *_, env = instance
+    state = env["SHARDBOUND_VNNCOMP_STATE"]
+    off = dict(env, SHARDBOUND_VNNCOMP_PRESTART="0")
+    res = _sh(PREPARE, "v1", "test", onnx_path, tmp / "unsat prop.vnnlib", env=off)
+    assert res.returncode == 0 and not os.path.exists(os.path.join(state, "ready"))
+    stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)",
+                                 "shardbound.compiler.prestart"], start_new_session=True)
+    try:
+        with open(os.path.join(state, "run.pid"), "w", encoding="ascii") as f:
+            f.write(f"{stand_in.pid}\n")
+        with open(os.path.join(state, "ready"), "w", encoding="utf-8") as f:
+            f.write(str(tmp / "another model.onnx"))
+        result = tmp / "fallback result.txt"
+        res = _sh(RUN, "v1", "test", onnx_path, tmp / "unsat prop.vnnlib", result, 30, env=env)
+        assert res.returncode == 0, res.stderr
+        assert result.read_text() == "unsat\n"
+        assert stand_in.wait(timeout=10) != 0          # killed, not left running
+        assert not os.path.exists(os.path.join(state, "ready"))
+    finally:
+        if stand_in.poll() is None:
+            stand_in.kill()
+            stand_in.wait()
+
+
+def test_prestart_request_and_start_time(tmp_path, monkeypatch):
+    """The request's NUL-separated fields, and the start time a prestarted verify counts its
+    budget from (run_instance.sh's, not the long-lived process's)."""
+    import time
+
+    from shardbound.compiler import prestart
+    from shardbound.compiler.verify_cmd import _given_start
+
+    fifo = tmp_path / "request"                 # a plain file reads the same way
+    values = ["1.5", "a b.onnx", "p.vnnlib", "r.txt", "30", "", "o", "e", "rc"]
+    fifo.write_bytes(b"\0".join(v.encode() for v in values) + b"\0")
+    assert prestart.read_request(str(fifo)) == dict(zip(prestart.FIELDS, values))
+    fifo.write_bytes(b"1.5\0x")
+    with pytest.raises(ValueError):
+        prestart.read_request(str(fifo))
+    now = time.time()
+    monkeypatch.setenv(prestart.STARTED_AT_ENV, repr(now - 3.0))
+    assert _given_start() == now - 3.0
+    for bad in ("", "soon", repr(now + 100)):
+        monkeypatch.setenv(prestart.STARTED_AT_ENV, bad)
+        assert _given_start() is None

@@ -6,6 +6,12 @@
 # Prints the verifier's verdict line. A result file is always written: `timeout` when the
 # verifier had to be killed past TIMEOUT + grace, `error` when it failed without one.
 # Exit 0 whenever a result file was written; 1 on bad arguments or an unwritable result file.
+#
+# When prepare_instance.sh left a verifier process ready for this model (compiler/prestart.py:
+# torch imported, network compiled), the same command runs in that process instead: the
+# property and paths go to it through the FIFO STATE_DIR/request, its budget counts from this
+# script's start, and we wait for its exit code (a FIFO) under the same hard limit.
+START=$(date +%s.%N)
 set -u
 
 if [ "$#" -ne 6 ]; then
@@ -59,14 +65,57 @@ HARD_LIMIT=$(awk -v t="$TIMEOUT" -v g="$GRACE" 'BEGIN { printf "%.3f", t + g }')
 STATE_DIR=${SHARDBOUND_VNNCOMP_STATE:-${TMPDIR:-/tmp}/shardbound-vnncomp-$(id -u)}
 mkdir -p -- "$STATE_DIR" 2>/dev/null
 
-setsid timeout --kill-after=5 "$HARD_LIMIT" "${VERIFY[@]}" "${ARGS[@]}" &
-child=$!
-echo "$child" > "$STATE_DIR/run.pid" 2>/dev/null
-trap 'kill -TERM -- "-$child" 2>/dev/null; write_result error; exit 1' INT TERM
-wait "$child"
-rc=$?
-trap - INT TERM
-rm -f -- "$STATE_DIR/run.pid"
+server=""
+PID_FILE=$STATE_DIR/run.pid
+if [ -f "$STATE_DIR/ready" ] && [ -p "$STATE_DIR/request" ] \
+        && [ "$(cat -- "$STATE_DIR/ready" 2>/dev/null)" = "$ONNX" ]; then
+    pid=$(cat "$PID_FILE" 2>/dev/null || true)
+    OUT=$STATE_DIR/out.$$ ERR=$STATE_DIR/err.$$ RC=$STATE_DIR/rc.$$
+    rm -f -- "$OUT" "$OUT.code" "$ERR" "$RC"
+    if [[ "$pid" =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null && mkfifo -- "$RC" \
+            && timeout 5 bash -c 'printf "%s\0" "${@:2}" > "$1"' _ "$STATE_DIR/request" \
+                "$START" "$ONNX" "$VNNLIB" "$RESULT" "$TIMEOUT" "${SHARDBOUND_THREADS:-}" \
+                "$OUT" "$ERR" "$RC"; then
+        server=$pid
+    fi
+fi
+rm -f -- "$STATE_DIR/ready"
+
+if [ -n "$server" ]; then
+    trap 'kill -TERM -- "-$server" 2>/dev/null; write_result error; exit 1' INT TERM
+    # Its exit code comes through the FIFO $RC (end of file, no code, if it died); not
+    # waiting for the process itself, which lingers until init reaps it.
+    # (In the background with `wait`, so that a signal's trap runs at once.)
+    timeout "$HARD_LIMIT" bash -c 'IFS= read -r code < "$1"; printf "%s" "$code" > "$2"' \
+        _ "$RC" "$OUT.code" &
+    wait "$!"
+    waited=$?
+    rc=$(cat -- "$OUT.code" 2>/dev/null || true)
+    if [ "$waited" -eq 124 ]; then
+        kill -TERM -- "-$server" 2>/dev/null
+        timeout 5 tail --pid="$server" -s 0.05 -f /dev/null || kill -KILL -- "-$server" 2>/dev/null
+        rc=124
+    fi
+    [[ "$rc" =~ ^[0-9]+$ ]] || rc=1
+    trap - INT TERM
+    cat -- "$OUT" 2>/dev/null
+    cat -- "$ERR" >&2 2>/dev/null
+    rm -f -- "$OUT" "$OUT.code" "$ERR" "$RC" "$PID_FILE"
+else
+    pid=$(cat "$PID_FILE" 2>/dev/null || true)     # a prestarted verifier left unused
+    if [[ "$pid" =~ ^[0-9]+$ ]] && [ -r "/proc/$pid/cmdline" ] \
+            && tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q "shardbound.compiler.prestart"; then
+        kill -KILL -- "-$pid" 2>/dev/null || true
+    fi
+    setsid timeout --kill-after=5 "$HARD_LIMIT" "${VERIFY[@]}" "${ARGS[@]}" &
+    child=$!
+    echo "$child" > "$PID_FILE" 2>/dev/null
+    trap 'kill -TERM -- "-$child" 2>/dev/null; write_result error; exit 1' INT TERM
+    wait "$child"
+    rc=$?
+    trap - INT TERM
+    rm -f -- "$PID_FILE"
+fi
 
 first_line=""
 if [ -s "$RESULT" ]; then
