@@ -60,6 +60,7 @@ BETA_MEMORY_FACTOR = 4          # beta-CROWN's round against one CROWN pass (bat
 MIN_BATCH, MAX_BATCH = 8, 128   # domains per batch
 FSB_CANDIDATES = 3        # filtered smart branching: BaBSR's top k, judged by a one-step bound
 KEPT_ALPHA_BYTES = 256 << 20   # the warm-start alphas of open domains (see WarmAlphas)
+BETA_KEY = "beta:"       # warm starts keep each split node's betas under this prefix
 FINAL_SHARE = 0.1         # the last share of the budget goes to the final falsification pass
 
 
@@ -221,15 +222,19 @@ def _optimise(network, ibp, known, lo, hi, C, splits, lb, which, iterations, sto
     dev_idx = idx.to(lo.device)
     pick = lambda t: t.index_select(0, dev_idx)                                # noqa: E731
     sub = lambda m: {k: (pick(v[0]), pick(v[1])) for k, v in m.items()}       # noqa: E731
-    start = None
+    start = beta_start = None
     if warm is not None and bool(warm[1][idx].any()):
-        start = ({k: pick(v) for k, v in warm[0].items()}, warm[1][idx])
+        has = warm[1][idx]
+        start = ({k: pick(v) for k, v in warm[0].items() if not k.startswith(BETA_KEY)}, has)
+        beta_start = ({k[len(BETA_KEY):]: pick(v) for k, v in warm[0].items()
+                       if k.startswith(BETA_KEY)}, has)
     alphas = {}
     with torch.no_grad():
         better, lA = beta_crown(network, sub(ibp), sub(known), pick(lo), pick(hi), C,
                                 {k: pick(v) for k, v in splits.items()},
                                 lb.index_select(0, idx).to(lo.device), iterations, stop=stop,
-                                alpha_start=start, alpha_out=alphas, beta_out=betas)
+                                alpha_start=start, alpha_out=alphas, beta_out=betas,
+                                beta_start=beta_start)
     out = lb.clone()
     out[idx] = torch.maximum(out[idx], better.cpu())
     return out, idx, (None if lA is None else lA.cpu()), alphas
@@ -375,7 +380,7 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
                batch: int | None = None, progress=None, iterations: int = DEFAULT_ITERATIONS,
                root_prior=None, stop=None, certify=None, attack_domains: int = ATTACK_DOMAINS,
                final_share: float = FINAL_SHARE, fsb: int = FSB_CANDIDATES,
-               warm_start: bool = True) -> ReluBabResult:
+               warm_start: bool = True, warm_betas: bool = True) -> ReluBabResult:
     """Prove or refute {x in [lo, hi]: some conjunction of C f(x) <= d} by ReLU splitting.
 
     agree(flag) -> bool: the flag OR-ed over ranks. is_violation(x (N, n)) -> index of a
@@ -490,7 +495,10 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
                                                  stop, start_alphas, betas)
             lagrangian = (idx, alphas, betas)
             if store.on and alphas:
-                flat = store.flatten(alphas, len(idx))
+                kept = dict(alphas)
+                if warm_betas:
+                    kept.update({BETA_KEY + k: v for k, v in betas.items()})
+                flat = store.flatten(kept, len(idx))
                 bwarm, bhas = torch.zeros(take, flat.shape[1]), torch.zeros(take, dtype=torch.bool)
                 bwarm[idx], bhas[idx] = flat, True
             refuted = refuted_conjunctions(lb, d, owner, n_conj)

@@ -23,6 +23,7 @@ import torch
 
 from shardbound.runtime.accounting.guard import check_budget
 from shardbound.runtime.engine.full_alpha import root_bounds
+from shardbound.runtime.engine.split_refine import needs_refinement, refine_by_splits
 from shardbound.runtime.errors import ShardboundError
 from shardbound.runtime.verification.attack import pgd
 from shardbound.runtime.verification.budget import Budget, BudgetExhausted
@@ -31,6 +32,7 @@ from shardbound.runtime.verification.relu_split import can_split, relu_split
 from shardbound.runtime.verification.stages import StageLog
 from shardbound.runtime.verification.spec import Spec, SpecCase, inside_box, outward_box, violated_conjunctions
 
+REFINE_SHARE = 0.25      # of the time left, at most, for split refinement of the root prior
 SPLIT_MAX_INPUTS = 16     # input splitting beyond this many inputs rarely finishes
 # default mode confirms counterexamples in float64 too for networks up to this many weights
 DEFAULT_FLOAT64_ELEMENTS = 1 << 22
@@ -188,6 +190,18 @@ class _CaseRunner:
             return "sat", self.confirm(res.x)
         return res.verdict, None
 
+    def refine_prior(self, lo, hi, known):
+        """Branch and bound's root prior with the intermediate bounds tightened by split
+        refinement (runtime/engine/split_refine.py), in at most REFINE_SHARE of the time
+        left (its rounds are fixed; the clock only cuts them short on a slow machine)."""
+        if not needs_refinement(self.net, known):
+            return known
+        self.start("split-refine")
+        until = time.monotonic() + REFINE_SHARE * self.budget.remaining()
+        stop = lambda: self.budget.expired() or self.agree(time.monotonic() > until)  # noqa
+        with torch.no_grad():
+            return refine_by_splits(self.net, lo, hi, known, stop=stop)
+
     def agree(self, flag: bool) -> bool:
         return bool(self.comm.all_reduce_max(torch.tensor([float(flag)]))[0] > 0)
 
@@ -250,6 +264,8 @@ class _CaseRunner:
         if x is not None and (cex := self.confirm(x)) is not None:
             return "sat", cex
         if can_split(self.net):
+            budget.check()
+            cache = (cache[0], self.refine_prior(lo, hi, cache[1]))
             budget.check()
             self.start("relu-split")
             planned = getattr(self.net, "bab_batch", None)      # --memory-budget's plan
