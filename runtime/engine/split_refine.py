@@ -36,7 +36,9 @@ import torch
 from shardbound.runtime.engine.optimise import ParamGroup, alpha_group, initial_alphas, maximise
 
 ROUNDS = 300             # per target node: each round splits every open objective's worst leaf
-ITERATIONS = 10          # Adam steps per leaf (alphas and betas)
+ITERATIONS = 5           # Adam steps per leaf (alphas and betas, from its parent's)
+ROOT_ITERATIONS = 20     # for the one leaf per objective that starts from CROWN's slopes
+ALPHA_KEY, BETA_KEY = "alpha:", "beta:"
 LR_ALPHA, LR_BETA = 0.25, 0.1
 MAX_OBJECTIVES = 1024    # per target node (2 per unstable neuron): larger nodes are skipped
 
@@ -114,9 +116,9 @@ def _refine_node(network, node, before, lower, upper, known, rounds, iterations,
     # Leaves: objective, assignment over the K candidates, bound, next candidate to split.
     leaf_obj = torch.arange(2 * k)
     leaf_assign = torch.zeros(2 * k, offsets[-1], dtype=torch.int8)
-    bound, nxt = _bound_leaves(network, node, before, names, cand, offsets, lower, upper, known,
-                               obj_j[leaf_obj], obj_sign[leaf_obj], leaf_assign,
-                               start[leaf_obj], iterations)
+    bound, nxt, params = _bound_leaves(network, node, before, names, cand, offsets, lower,
+                                       upper, known, obj_j[leaf_obj], obj_sign[leaf_obj],
+                                       leaf_assign, start[leaf_obj], ROOT_ITERATIONS)
     for _ in range(rounds):
         if stop is not None and stop():
             break
@@ -134,11 +136,15 @@ def _refine_node(network, node, before, lower, upper, known, rounds, iterations,
         minus[rows, pick] = -1
         c_obj = torch.cat([leaf_obj[sel], leaf_obj[sel]])
         c_assign = torch.cat([plus, minus])
-        c_bound, c_nxt = _bound_leaves(network, node, before, names, cand, offsets, lower, upper,
-                                       known, obj_j[c_obj], obj_sign[c_obj], c_assign,
-                                       torch.cat([bound[sel], bound[sel]]), iterations)
+        warm = {nm: torch.cat([t[sel], t[sel]]) for nm, t in params.items()}
+        c_bound, c_nxt, c_params = _bound_leaves(network, node, before, names, cand, offsets,
+                                                 lower, upper, known, obj_j[c_obj],
+                                                 obj_sign[c_obj], c_assign,
+                                                 torch.cat([bound[sel], bound[sel]]),
+                                                 iterations, warm)
         keep = torch.ones(len(leaf_obj), dtype=torch.bool)
         keep[sel] = False
+        params = {nm: torch.cat([t[keep], c_params[nm]]) for nm, t in params.items()}
         leaf_obj = torch.cat([leaf_obj[keep], c_obj])
         leaf_assign = torch.cat([leaf_assign[keep], c_assign])
         bound = torch.cat([bound[keep], c_bound])
@@ -167,9 +173,12 @@ def _worst_leaves(leaf_obj, bound, n_obj) -> torch.Tensor:
 
 
 def _bound_leaves(network, node, before, names, cand, offsets, lower, upper, known, jj, sign,
-                  assign, floor, iterations):
+                  assign, floor, iterations, warm=None):
     """(bounds (L,) float64 of sign * z_jj on each leaf, at least `floor` (a bound that holds
-    on it: its parent's); the next candidate to split per leaf, -1 when all are assigned)."""
+    on it: its parent's); the next candidate to split per leaf, -1 when all are assigned;
+    the leaves' alphas and betas after the optimisation, {name: (L, 1, *shape)}, which
+    `warm` (the parents', in that layout) starts from: alphas projected onto their set,
+    betas clamped to >= 0 and zeroed where a leaf does not split, so any start is sound)."""
     L = len(jj)
     dev = lower.device
     n = math.prod(node.shape)
@@ -194,10 +203,17 @@ def _bound_leaves(network, node, before, names, cand, offsets, lower, upper, kno
     alphas = initial_alphas(network, known_l, L, 1, ops)
     betas, sg = {}, {}
     for nm, s in signs.items():
-        if bool((s != 0).any()):
-            sg[nm] = s.to(lower.dtype).unsqueeze(1)
-            betas[nm] = torch.zeros(L, 1, *s.shape[1:], dtype=lower.dtype, device=dev,
-                                    requires_grad=True)
+        sg[nm] = s.to(lower.dtype).unsqueeze(1)
+        betas[nm] = torch.zeros(L, 1, *s.shape[1:], dtype=lower.dtype, device=dev)
+    if warm is not None:
+        with torch.no_grad():
+            for name, a in alphas.items():
+                a.copy_(warm[ALPHA_KEY + name].to(dev))
+                network.by_name[name].alpha_project_(a)
+            for nm in betas:
+                betas[nm] = warm[BETA_KEY + nm].to(dev).clamp(min=0).masked_fill(sg[nm] == 0, 0)
+    for t in betas.values():
+        t.requires_grad_(True)
     grab = {}
 
     def objective(last):
@@ -236,4 +252,6 @@ def _bound_leaves(network, node, before, names, cand, offsets, lower, upper, kno
     scores = torch.cat(scores, dim=1)
     best = scores.argmax(dim=1)
     nxt = torch.where(scores.max(dim=1).values >= 0, best, torch.full_like(best, -1))
-    return bound, nxt
+    params = {ALPHA_KEY + name: a.detach() for name, a in alphas.items()}
+    params.update({BETA_KEY + nm: b.detach() for nm, b in betas.items()})
+    return bound, nxt, params
