@@ -32,6 +32,7 @@ from shardbound.runtime.verification.relu_split import can_split, relu_split
 from shardbound.runtime.verification.stages import StageLog
 from shardbound.runtime.verification.spec import Spec, SpecCase, inside_box, outward_box, violated_conjunctions
 
+FIRST_TRY_SHARE = 0.1    # of the time left: ReLU branch and bound before split refinement
 REFINE_SHARE = 0.25      # of the time left, at most, for split refinement of the root prior
 SPLIT_MAX_INPUTS = 16     # input splitting beyond this many inputs rarely finishes
 # default mode confirms counterexamples in float64 too for networks up to this many weights
@@ -190,6 +191,11 @@ class _CaseRunner:
             return "sat", self.confirm(res.x)
         return res.verdict, None
 
+    def _bab_answer(self, res):
+        if res.verdict == "sat":
+            return "sat", self.confirm(res.x)
+        return res.verdict, None
+
     def refine_prior(self, lo, hi, known):
         """Branch and bound's root prior with the intermediate bounds tightened by split
         refinement (runtime/engine/split_refine.py), in at most REFINE_SHARE of the time
@@ -265,19 +271,30 @@ class _CaseRunner:
             return "sat", cex
         if can_split(self.net):
             budget.check()
-            cache = (cache[0], self.refine_prior(lo, hi, cache[1]))
-            budget.check()
             self.start("relu-split")
             planned = getattr(self.net, "bab_batch", None)      # --memory-budget's plan
-            res = relu_split(self.net, self.C, self.d, self.owner, self.lo, self.hi,
-                             self.deadline, self.agree, self.is_violation,
-                             progress=self.progress, root_prior=cache[1], stop=budget,
-                             certify=self.certify(),
-                             **({"batch": planned} if planned else {}))
+            prior = cache[1]
+            bab = lambda prior, **kw: relu_split(                       # noqa: E731
+                self.net, self.C, self.d, self.owner, self.lo, self.hi, self.deadline,
+                self.agree, self.is_violation, progress=self.progress, root_prior=prior,
+                certify=self.certify(), **({"batch": planned} if planned else {}), **kw)
+            if needs_refinement(self.net, prior):
+                # A first try on the root prior as it is, in FIRST_TRY_SHARE of the time left:
+                # the easy instances end here, without paying for split refinement; the
+                # others start again from the refined prior (the first tree is dropped).
+                until = time.monotonic() + FIRST_TRY_SHARE * budget.remaining()
+                res = bab(prior, final_share=0.0,
+                          stop=lambda: budget.expired() or self.agree(time.monotonic() > until))
+                self.progress.done()
+                if res.verdict != "timeout" or budget.expired():
+                    return self._bab_answer(res)
+                budget.check()
+                prior = self.refine_prior(lo, hi, prior)
+                budget.check()
+                self.start("relu-split")
+            res = bab(prior, stop=budget)
             self.progress.done()
-            if res.verdict == "sat":
-                return "sat", self.confirm(res.x)
-            return res.verdict, None
+            return self._bab_answer(res)
         return ("timeout" if budget.expired() else "unknown"), None
 
 
