@@ -6,8 +6,11 @@ and times on the same weights and boxes.
 
 auto_LiRPA gets the torch module itself (it has no ONNX loader; its own GELU op stands in
 for torch's, whose Erf it does not bound), shardbound the module's torch.onnx.export. Each
-tool runs in its own process with 1 thread; rounds alternate (shardbound fast, shardbound
-blocked, auto_LiRPA); times are medians over rounds of one bound call after a warm-up.
+tool runs in its own process with 1 thread, one tool after another (shardbound fast,
+shardbound blocked, auto_LiRPA: not interleaved, so wall times at load say little); times are
+medians over --repeat bound calls after a warm-up, and the CPU time (`time.process_time`, the
+minimum over the calls: less sensitive to a shared machine's load than wall time) with its
+ratio to auto_LiRPA's.
 Without --lirpa only shardbound's columns are printed.
 """
 
@@ -48,12 +51,13 @@ for eps in map(float, radii.split(",")):
     bx = BoundedTensor(x0, PerturbationLpNorm(norm=float("inf"), x_L=x0 - eps, x_U=x0 + eps))
     for method in ("IBP", "CROWN"):
         bm.compute_bounds(x=(bx,), method=method)
-        times = []
+        times, cpu = [], []
         for _ in range(int(repeat)):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             lb, ub = bm.compute_bounds(x=(bx,), method=method)
             times.append(time.perf_counter() - t)
-        out[f"{eps}/{method.lower()}"] = dict(times=times, lb=lb.reshape(-1).tolist(),
+            cpu.append(time.process_time() - c)
+        out[f"{eps}/{method.lower()}"] = dict(times=times, cpu=cpu, lb=lb.reshape(-1).tolist(),
                                                ub=ub.reshape(-1).tolist())
 print(json.dumps(out))
 """ % {"seed": SEED, "box": BOX_SEED}
@@ -83,12 +87,13 @@ def shardbound_bounds(radii, repeat, order, work):
         hi = torch.from_numpy(x0 + np.float32(eps)).reshape(-1)
         for method in ("ibp", "crown"):
             v.bounds(lo, hi, method=method)
-            times = []
+            times, cpu = [], []
             for _ in range(repeat):
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 lb, ub = v.bounds(lo, hi, method=method)
                 times.append(time.perf_counter() - t)
-            out[f"{eps}/{method}"] = dict(times=times, lb=lb.reshape(-1).tolist(),
+                cpu.append(time.process_time() - c)
+            out[f"{eps}/{method}"] = dict(times=times, cpu=cpu, lb=lb.reshape(-1).tolist(),
                                            ub=ub.reshape(-1).tolist())
     return out
 
@@ -123,18 +128,21 @@ def main(argv=None) -> int:
                    "--radii", args.radii, "--repeat", str(args.repeat)]
         done = subprocess.run(cmd, capture_output=True, text=True, check=True)
         results[tool] = json.loads(done.stdout.strip().splitlines()[-1])
-    print("| radius | method | tool | time s | mean width | width / auto_LiRPA's |")
-    print("|---:|---|---|---:|---:|---:|")
+    print("| radius | method | tool | time s | CPU s (min) | CPU x auto_LiRPA | mean width | "
+          "width / auto_LiRPA's |")
+    print("|---:|---|---|---:|---:|---:|---:|---:|")
     for eps in radii:
         for method in ("ibp", "crown"):
             key = f"{eps}/{method}"
             ref = _width(results["lirpa"][key]) if "lirpa" in results else None
+            ref_cpu = min(results["lirpa"][key]["cpu"]) if "lirpa" in results else None
             for tool in tools:
                 r = results[tool][key]
                 w = _width(r)
                 ratio = f"{w / ref:.4f}" if ref else ""
+                cpu_x = f"{min(r['cpu']) / ref_cpu:.2f}" if ref_cpu else ""
                 print(f"| {eps:g} | {method} | {tool} | {statistics.median(r['times']):.3f} | "
-                      f"{w:.6g} | {ratio} |")
+                      f"{min(r['cpu']):.3f} | {cpu_x} | {w:.6g} | {ratio} |")
     return 0
 
 

@@ -14,8 +14,11 @@ Every (tool, model, method) runs in its own worker process with one thread
 (`torch.set_num_threads(1)`); the parent asks the workers of a model for one bound each in turn,
 round after round (the order rotates every round), so background load hits every tool alike.
 Per row the table gives the median bound time, the median over rounds of the time relative to
-auto_LiRPA's in the same round (`x auto_LiRPA`: below 1 is faster), how much tighter the bound is than auto_LiRPA's (min and max
-over spec rows of shardbound's lower bound minus auto_LiRPA's, and for CROWN also auto_LiRPA's
+auto_LiRPA's in the same round (`x auto_LiRPA`: below 1 is faster), the CPU time of a bound
+(`time.process_time` around the same call: min / median over rounds) and the ratio of the
+minima (`CPU x`: on a shared machine the wall time also holds the time other processes took
+the core, which the CPU time leaves out), how much tighter the bound is than auto_LiRPA's (min
+and max over spec rows of shardbound's lower bound minus auto_LiRPA's, and for CROWN also auto_LiRPA's
 upper bound minus shardbound's: positive means tighter), and the peak memory of one bound, measured in a
 worker of its own (glibc's mmap threshold fixed at 128 KiB so freed tensors leave the heap):
 peak RSS (VmHWM, reset through /proc/self/clear_refs after a warm-up bound) minus the RSS
@@ -26,7 +29,13 @@ shardbound's `alpha-crown` (the final pass's alphas) and `full-alpha-crown`
 (runtime/engine/full_alpha.py: alphas per start node too); auto_LiRPA bounds the lower side
 only (its upper side would be a second optimisation), shardbound's upper side is CROWN (on
 the tightened intermediate bounds for full-alpha-crown). shardbound's CROWN rows per node (how
-many neurons each intermediate backward pass bounded) are printed under the table.
+many neurons each intermediate backward pass bounded) are printed under the table, and per
+row what a timed bound cost besides its CPU time (medians): wall minus CPU time, system time,
+page faults and context switches (voluntary: waits, e.g. on a thread pool; involuntary: the
+core taken by another process), which is where the wall-clock ratio and the CPU ratio part.
+
+The tiny ViT of issue 15 beside auto_LiRPA is bench/vit_autolirpa.py (auto_LiRPA bounds
+the torch module there, with its own GELU op: this script's ONNX interpreter has no attention).
 
 auto_LiRPA is not a dependency: give a checkout with `--lirpa PATH` (see
 ../shared/oracle/README.md: it needs a venv of its own, `--lirpa-python`, and the torch-2.13
@@ -39,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -293,10 +303,16 @@ def worker(args) -> int:
             base = _reset_peak()
             print(json.dumps({"reset": True}), flush=True)
             continue
-        t0 = time.perf_counter()
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
+        t0, c0 = time.perf_counter(), time.process_time()
         lb, ub = tool.bound(request["method"])
-        seconds = time.perf_counter() - t0
-        print(json.dumps({"seconds": seconds, "lower": lb.tolist(),
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        print(json.dumps({"seconds": seconds, "cpu_seconds": cpu,
+                          "sys_seconds": r1.ru_stime - r0.ru_stime,
+                          "faults": r1.ru_minflt - r0.ru_minflt,
+                          "switches": (r1.ru_nvcsw - r0.ru_nvcsw, r1.ru_nivcsw - r0.ru_nivcsw),
+                          "lower": lb.tolist(),
                           "upper": None if ub is None else ub.tolist(),
                           "peak_bytes": _rss_bytes("VmHWM") - (base or 0),
                           "rows": tool.rows()}),
@@ -379,21 +395,34 @@ def bench_model(name: str, mdir: str, tools: list[str], methods: list[str], args
             for w in workers:                       # warm-up, not timed
                 w.bound()
             runs = {t: [] for t in tools}
+            got = {t: [] for t in tools}
             last = {}
             for r in range(args.repeat):
                 order = workers[r % len(workers):] + workers[:r % len(workers)]
                 for w in order:
                     last[w.tool] = w.bound()
                     runs[w.tool].append(last[w.tool]["seconds"])
+                    got[w.tool].append(last[w.tool])
         finally:
             for w in workers:
                 w.close()
+        cpu = {t: [g["cpu_seconds"] for g in got[t]] for t in tools}
         for t in tools:
             ratio = statistics.median(a / b for a, b in zip(runs[t], runs[reference]))
             lo, hi = _tighter(last[t], last[reference], method)
             tight = "" if t == reference else f"{lo:+.2e} / {hi:+.2e}"
-            rows.append(f"| {name} | {method} | {t} | {statistics.median(runs[t]):.3f} | "
-                        f"{ratio:.2f} | {tight} | {peaks[t] / 2 ** 20:.1f} |")
+            rows.append(f"| {name} | {method} | {t} | {statistics.median(runs[t]):.4f} | "
+                        f"{ratio:.2f} | {min(cpu[t]) * 1e3:.2f} / "
+                        f"{statistics.median(cpu[t]) * 1e3:.2f} | "
+                        f"{min(cpu[t]) / min(cpu[reference]):.2f} | {tight} | "
+                        f"{peaks[t] / 2 ** 20:.1f} |")
+            notes.append(f"{name} {method} {t}: per bound (medians) wall - CPU "
+                         f"{statistics.median(a - b for a, b in zip(runs[t], cpu[t])) * 1e3:.2f}"
+                         f" ms, sys {statistics.median(g['sys_seconds'] for g in got[t]) * 1e3:.2f}"
+                         f" ms, page faults {statistics.median(g['faults'] for g in got[t]):.0f}, "
+                         f"context switches voluntary / involuntary "
+                         f"{statistics.median(g['switches'][0] for g in got[t]):.0f} / "
+                         f"{statistics.median(g['switches'][1] for g in got[t]):.0f}")
             if last[t]["rows"] and method == "crown":
                 notes.append(f"{name} {t}: CROWN rows per node "
                              + ", ".join(f"{k} {v}" for k, v in last[t]["rows"].items()))
@@ -439,9 +468,9 @@ def main(argv=None) -> int:
     print(f"# shardbound vs auto_LiRPA: torch {torch.__version__}, 1 thread per tool, "
           f"{args.repeat} round-robin rounds after a warm-up, {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.2f} at start\n")
-    print(f"| model | method | tool | time s | x {ref} | tighter than {ref} (min / max) | "
-          f"peak MiB |")
-    print("|---|---|---|---:|---:|---:|---:|")
+    print(f"| model | method | tool | time s | x {ref} | CPU ms min / median | CPU x (min) | "
+          f"tighter than {ref} (min / max) | peak MiB |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
     all_notes = []
     with tempfile.TemporaryDirectory(prefix="vs_autolirpa_") as tmp:
         work = args.work or tmp

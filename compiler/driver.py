@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from shardbound.compiler.codegen import write_program
 from shardbound.compiler.errors import ShardboundError
 from shardbound.compiler.frontend import import_onnx
@@ -15,11 +17,16 @@ def plan_model(path: str, options: PassOptions, verify_each: bool = False) -> tu
     return graph, passes
 
 
-def plan_with_options(path: str, options: PassOptions, verify_each: bool = False
-                      ) -> tuple[Graph, PassOptions, list[str]]:
+def plan_with_options(path: str, options: PassOptions, verify_each: bool = False,
+                      plan_out: list | None = None) -> tuple[Graph, PassOptions, list[str]]:
     """Import and run the passes; with --memory-budget, first choose the plan that fits
     (passes/memory_budget.py) from the shapes after canonicalize and bound_plan, then run the
-    chosen mode's pipeline with the chosen options (returned: codegen writes them)."""
+    chosen mode's pipeline with the chosen options (returned: codegen writes them).
+
+    verify's default budget (`options.budget_source`) plans but is not enforced: a plan of
+    whole rows (the prediction fits as it is) compiles exactly the program of no budget
+    (the same plan.json, the same bits); one with row tiles keeps its tile and batch, and
+    no `memory_budget_bytes`. `plan_out` gets the choice (verify's --json report)."""
     imported = import_onnx(path, max_elements=options.max_elements)
     chosen = None
     if options.memory_budget is not None:
@@ -30,8 +37,17 @@ def plan_with_options(path: str, options: PassOptions, verify_each: bool = False
                              if p.name in ("canonicalize", "bound_plan")])
         planned = front.run(imported, options)
         chosen = choose(graph_shapes(planned), planned.output, options, source=path,
-                        tp=_tp_view(planned, options), spec_rows=options.spec_rows)
-        options = planned_options(chosen, options)
+                        tp=(_tp_view(planned, options)   # the default budget keeps the mode
+                            if not options.budget_source or options.mode == "tp" else None),
+                        spec_rows=options.spec_rows)
+        if plan_out is not None:
+            plan_out.append(chosen)
+        if not options.budget_source:
+            options = planned_options(chosen, options)
+        elif chosen.row_tile or chosen.stream_chunk_kib * 1024 != options.stream_chunk_bytes:
+            options = replace(planned_options(chosen, options), memory_budget=None)
+        else:                           # fits untouched: today's program, bit for bit
+            options, chosen = replace(options, memory_budget=None), None
     manager = pipeline(options.mode, verify_each=verify_each)
     graph = manager.run(imported, options)
     if chosen is not None:
@@ -55,8 +71,9 @@ def _tp_view(planned: Graph, options: PassOptions):
     return TpShapes(shapes, places, frozenset(ibp))
 
 
-def compile_model(path: str, out_dir: str, options: PassOptions) -> Graph:
-    graph, options, passes = plan_with_options(path, options)
+def compile_model(path: str, out_dir: str, options: PassOptions,
+                  plan_out: list | None = None) -> Graph:
+    graph, options, passes = plan_with_options(path, options, plan_out=plan_out)
     try:
         write_program(graph, options, passes, out_dir)
     except OSError as e:

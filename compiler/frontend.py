@@ -48,7 +48,20 @@ def load_model(path: str) -> onnx.ModelProto:
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ShardboundError(f"{name}: the ONNX checker rejects the model: {first}") from None
+    _check_known_opset(model, name)
     return model
+
+
+def _check_known_opset(model: onnx.ModelProto, name: str) -> None:
+    """Refuse an ONNX opset newer than the installed onnx knows. The checker lets it pass, and
+    each op would be lowered by its newest known schema, whose meaning a later opset may have
+    changed: a silent wrong answer, where a re-export at a known opset is a simple fix."""
+    newest = onnx.defs.onnx_opset_version()
+    declared = model_opset(model)
+    if declared > newest:
+        raise ShardboundError(f"{name}: the model declares ONNX opset {declared}, newer than the "
+                              f"newest this installation knows ({newest}); re-export it with "
+                              f"opset <= {newest} or upgrade onnx")
 
 
 def _external_dir(model: onnx.ModelProto, path: str) -> str | None:
@@ -271,8 +284,8 @@ def _single_output(ctx: LoweringContext, graph) -> Computed:
             raise ShardboundError(f"{ctx.source}: output {out.name!r} does not depend on the "
                                   "input")
         values.append(value)
-    if len(values) == 1:
-        return values[0]
+    if len(values) == 1:         # a scalar output (a ReduceSum without keepdims) is one value
+        return values[0] if values[0].shape else ctx.reshaped(values[0], (1,), None, "output")
     flats = [ctx.reshaped(v, (math.prod(v.shape),), None, "output") for v in values]
     distinct, where = [], []          # one input per distinct tensor (an output listed twice)
     for f in flats:

@@ -92,18 +92,75 @@ def _compile_for_verify(args, tmp: str) -> tuple[str, str]:
     out = args.out or os.path.join(tmp, "program")
     from dataclasses import replace
 
-    options = pass_options(args)
+    options = default_budget(args, pass_options(args))
     spec = spec_from_property(prop)
     if options.memory_budget is not None:       # verify runs CROWN, alpha-CROWN and BaB
         # on the property's rows: every case's conjunctions stacked (SpecCase.stacked)
         options = replace(options, plan_methods=("crown", "alpha-crown", "full-alpha-crown"),
                           spec_rows=spec_rows(spec))
-    graph = compile_model(args.model, out, options)
+    plans: list = []
+    graph = compile_model(args.model, out, options, plan_out=plans)
     check_spec_fits(spec, graph.input.shape, graph.node(graph.output).shape)
     spec_path = os.path.join(tmp, "spec.json")
     with open(spec_path, "w", encoding="utf-8") as f:
         f.write(spec.to_json())
+    if plans:
+        _write_plan(spec_path, plans[0], tiled=graph.annotations.get("budget") is not None,
+                    quiet=args.quiet)
     return spec_path, out
+
+
+def default_budget(args, options):
+    """`options` with verify's default memory budget when none was given: DEFAULT_FRACTION
+    of the memory available to the process (runtime/accounting/available.py) shared by the
+    job's ranks, planned in the mode and on the P asked for (row tiles, stream chunks and
+    batches only) and not enforced. `--memory-budget none` (0), a budget given, or an
+    unreadable machine: `options` as they are."""
+    if args.memory_budget is not None or options.memory_budget is not None:
+        return options
+    if options.mode == "single" and options.nproc > 1:      # nothing of P to plan
+        return options
+    from dataclasses import replace
+
+    from shardbound.runtime.accounting import available
+
+    gpu = _device_reader(args)          # a GPU per rank (nccl): not shared by the ranks
+    found = available.default_budget(1 if gpu else options.nproc, reader=gpu)
+    if found is None:
+        return options
+    return replace(options, memory_budget=found.per_rank, budget_source=found.describe())
+
+
+def _device_reader(args):
+    """Where the tracked bytes will live: a GPU's free memory for --device cuda (auto: when
+    one is there), else None (the host's: available.available_memory)."""
+    if getattr(args, "device", "cpu") == "cpu":
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    from shardbound.runtime.accounting.available import Available
+
+    return lambda: Available(int(torch.cuda.mem_get_info()[0]), "cudaMemGetInfo free")
+
+
+def _write_plan(spec_path: str, plan, tiled: bool, quiet: bool) -> None:
+    """The default budget's choice: into the spec file (rank 0's --json report carries it as
+    `plan`), and one `plan:` line on a terminal when it changed the program (row tiles)."""
+    import json
+    import sys
+
+    with open(spec_path, encoding="utf-8") as f:
+        data = json.load(f)
+    data["plan"] = dict(plan.as_json(), changed=tiled)
+    if not tiled and plan.source:       # today's program: its batch is chosen at run time
+        data["plan"]["bab_batch"] = None
+    with open(spec_path, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+    if tiled and plan.source and not quiet:     # a terminal's stage lines, else stderr
+        print(f"plan: {plan.text()}", flush=True,
+              file=sys.stdout if sys.stdout.isatty() else sys.stderr)
 
 
 def spec_rows(spec) -> int:

@@ -114,7 +114,11 @@ def parse_vnnlib(path) -> Property:
     name = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise ShardboundError(f"{name}: not a text file (byte {exc.object[exc.start]:#04x} at "
+                              f"offset {exc.start} is not UTF-8); a VNN-LIB property is plain "
+                              "text: check that this is the .vnnlib file, uncompressed") from None
+    except OSError as exc:
         raise ShardboundError(f"{name}: cannot read property file ({exc}); check the path")
     return parse_vnnlib_text(text, name)
 

@@ -40,6 +40,10 @@ class PassOptions:
     # --memory-budget (bytes per rank): the planner (passes/memory_budget.py) picks mode, P,
     # stream chunk and row tile to fit it; it keeps `mode` / `nproc` when they were given.
     memory_budget: int | None = None
+    # Where memory_budget comes from when the user gave none: verify's default budget
+    # (runtime/accounting/available.py; its description). With it the planner keeps the
+    # mode and P and chooses only row tiles, stream chunks and branch-and-bound batches.
+    budget_source: str = ""
     mode_given: bool = False
     nproc_given: bool = False
     row_tile: int | None = None        # the most rows a backward pass propagates at once

@@ -29,6 +29,11 @@ For verify (plan_methods holding alpha-crown), the plan also fixes the ReLU bran
 batch: the most domains per batch (from BAB_BATCHES) whose batched beta-CROWN round fits
 (the "beta-crown" figure: runtime/accounting/beta_model.py; tp: alpha-CROWN's).
 
+verify's default budget (no --memory-budget: `options.budget_source` says where it comes
+from, runtime/accounting/available.py) plans in the mode and on the P the user asked for
+(single, P=1 unless told otherwise): only row tiles, stream chunks and the batch are chosen,
+never more ranks or another mode; the plan line and the error name the budget's source.
+
 Method coverage comes from the memory model's registry (`METHOD_MODELS`): a method with a
 registered figure is planned like CROWN; one without is refused by name.
 """
@@ -73,13 +78,26 @@ class BudgetPlan(Annotation):
     tried: int
     bab_batch: int = 0
     spec_rows: int = 0              # the property's rows planned for (0: one per output)
+    source: str = ""                # verify's default budget: where it comes from
+
+    def budget_text(self) -> str:
+        if self.source:
+            return f"memory budget {format_bytes(self.budget)} per rank ({self.source})"
+        return f"--memory-budget {format_bytes(self.budget)} per rank"
+
+    def as_json(self) -> dict:
+        """verify --json's `plan`: the budget, where it comes from, and what it chose."""
+        return {"budget_bytes": self.budget, "source": self.source or "--memory-budget",
+                "mode": self.mode, "nproc": self.nproc, "row_tile": self.row_tile,
+                "bab_batch": self.bab_batch, "predicted_peak_bytes": self.peak_bytes,
+                "method": self.method, "peak_node": self.peak_node}
 
     def text(self) -> str:
         tile = f"row tile {self.row_tile}" if self.row_tile else "whole rows"
         chunk = f", stream chunk {self.stream_chunk_kib} KiB" if self.mode == "fsdp" else ""
         bab = f", bab batch {self.bab_batch}" if self.bab_batch else ""
         spec = f", {self.spec_rows} spec rows" if self.spec_rows else ""
-        return (f"--memory-budget {format_bytes(self.budget)} per rank -> {self.mode} P="
+        return (f"{self.budget_text()} -> {self.mode} P="
                 f"{self.nproc}, {tile}{chunk}{bab}{spec}: predicted peak per rank "
                 f"{format_bytes(self.peak_bytes)} ({self.method}, at {self.peak_node}), "
                 f"resident {format_bytes(self.resident_bytes)}; candidate {self.tried} in "
@@ -108,7 +126,7 @@ def _chunks(options, mode: str, nproc: int) -> list[int]:
 
 
 def _ranks(options) -> list[int]:
-    if options.nproc_given:
+    if options.nproc_given or options.budget_source:    # the default budget keeps P
         return [options.nproc]
     if options.mode_given and options.mode == "fsdp":
         return list(range(1, MAX_RANKS + 1))
@@ -119,7 +137,7 @@ def _ranks(options) -> list[int]:
 
 def _modes_for(options, nproc: int, tp) -> list[str]:
     """The modes tried on `nproc` ranks (their candidates compete: see the module doc)."""
-    if options.mode_given:
+    if options.mode_given or options.budget_source:     # the default budget keeps the mode
         return [options.mode]
     if nproc == 1:
         return ["single"]
@@ -199,7 +217,7 @@ def choose(shapes, output: str, options, source: str = "model", tp: TpShapes | N
     budget = int(options.memory_budget)
     if spec_rows is None:
         spec_rows = options.spec_rows
-    if options.mode_given and options.mode == "tp" and tp is None:
+    if options.mode == "tp" and tp is None and (options.mode_given or options.budget_source):
         raise ShardboundError(f"{source}: --memory-budget with --mode tp: tp does not run "
                               f"--summation {options.summation}; plan with blocked or fast")
     methods = _methods(options)
@@ -244,11 +262,20 @@ def choose(shapes, output: str, options, source: str = "model", tp: TpShapes | N
                               int(pred["peak_tracked_bytes"]), pred["method"],
                               pred["peak_node"], at,
                               _bab_batch(shapes, output, cand, options, budget, ms, tp,
-                                         spec_rows), spec_rows or 0)
+                                         spec_rows), spec_rows or 0, options.budget_source)
     if smallest is None:
         raise ShardboundError(f"{source}: --memory-budget: no plan to try (mode "
                               f"{options.mode}, --nproc {options.nproc})")
     need, cand = smallest
+    if options.budget_source:
+        raise ShardboundError(
+            f"{source}: no plan fits the memory budget {format_bytes(budget)} per rank "
+            f"({options.budget_source}): the smallest predicted peak is "
+            f"{format_bytes(need['peak_tracked_bytes'])} ({need['peak_tracked_bytes']} bytes: "
+            f"{cand.mode} on P={cand.nproc}, row tile {cand.row_tile or 'all'}, "
+            f"{need['method']}, at node {need['peak_node']!r}); free memory, give "
+            "--mode fsdp --nproc P with a --memory-budget for more ranks, or run without a "
+            "budget with --memory-budget none")
     more = (f"more ranks than --nproc {options.nproc}" if options.nproc_given
             else "fsdp instead of --mode single (its ranks share the weights)"
             if options.mode_given and options.mode == "single"

@@ -67,10 +67,17 @@ _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10 ** 3, "m": 
                "t": 1 << 40, "tib": 1 << 40, "tb": 10 ** 12}
 
 
+NO_BUDGET = 0       # `--memory-budget none`: no budget at all (verify: not even the default)
+
+
 def memory_size(text: str) -> int:
     """argparse type: a positive size in bytes, `512MiB`, `2GB`, `1.5GiB`, `64k` or plain
-    bytes (KiB/MiB/GiB and bare K/M/G are powers of 1024; KB/MB/GB powers of 1000)."""
+    bytes (KiB/MiB/GiB and bare K/M/G are powers of 1024; KB/MB/GB powers of 1000), or
+    `none` (NO_BUDGET)."""
     import re
+
+    if str(text).strip().lower() == "none":
+        return NO_BUDGET
 
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
     unit = m.group(2).lower() if m else ""
@@ -188,8 +195,13 @@ FLAGS: dict[str, Flag] = {f.dest if not f.positional else f.names[0]: f for f in
                "predicted peak, fsdp on a tie) on the fewest ranks (or --nproc), larger "
                "stream chunks and whole rows first, then row tiles; verify plans for the "
                "property's rows; inspect prints the choice; none fits: one line with the "
-               "smallest peak). run/program: stop a run that would pass it before "
-               "allocating (exit code 2; default: the budget the program was planned for)"),
+               "smallest peak). verify without it: a default budget, half the memory "
+               "available to the process (MemAvailable, or its cgroup's limit if lower) "
+               "shared by its ranks, for which only row tiles and batch sizes are chosen "
+               "(never the mode or P) and which is not enforced. run/program: stop a run "
+               "that would pass it before allocating (exit code 2; default: the budget the "
+               "program was planned for). none: no budget (verify: not even the default; "
+               "run: the planned one not enforced)"),
     _flag("--raw", action="store_true", default=False,
           help="inspect: the IR as imported, before any pass"),
     # what to bound
@@ -362,7 +374,7 @@ def pass_options(ns: argparse.Namespace):
                        summation=ns.summation, nproc=ns.nproc or 1,
                        stream_chunk_bytes=ns.stream_chunk_kib * 1024,
                        tp_intermediate=ns.tp_intermediate, max_elements=ns.max_elements,
-                       memory_budget=getattr(ns, "memory_budget", None),
+                       memory_budget=getattr(ns, "memory_budget", None) or None,
                        mode_given=ns.mode is not None, nproc_given=ns.nproc is not None)
 
 

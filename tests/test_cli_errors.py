@@ -127,6 +127,10 @@ def work(tmp_path_factory):
     onnx.save(_two_unsupported(), d / "two_unsupported.onnx")
     onnx.save(_square(), d / "square.onnx")
     onnx.save(_dynamic(), d / "dynamic.onnx")
+    future = onnx.load(d / "mlp.onnx")
+    future.opset_import[0].version = onnx.defs.onnx_opset_version() + 1
+    onnx.save(future, d / "future_opset.onnx")
+    (d / "gzipped.vnnlib").write_bytes(b"\x1f\x8b\x08\x00" + bytes(range(200, 256)))
     data = (d / "mlp.onnx").read_bytes()
     (d / "truncated.onnx").write_bytes(data[: len(data) // 2])
     (d / "random.onnx").write_bytes(np.random.default_rng(0).bytes(512))
@@ -173,6 +177,12 @@ CASES = {
     "malformed_empty": ("compile", ["empty.onnx", "-o", "out_empty"], ["empty.onnx"]),
     "malformed_missing": ("shardbound", ["compile", "missing.onnx", "-o", "out_missing"],
                           ["missing.onnx"]),
+    "future_opset": ("compile", ["future_opset.onnx", "-o", "out_future"],
+                     ["future_opset.onnx", f"opset {onnx.defs.onnx_opset_version() + 1}",
+                      "re-export"]),
+    "property_not_text": ("shardbound", ["verify", "mlp.onnx", "gzipped.vnnlib", "-o",
+                                         "out_gz"], ["gzipped.vnnlib", "not a text file",
+                                                     "0x8b"]),
     "dynamic_input_dim": ("compile", ["dynamic.onnx", "-o", "out_dynamic"],
                           ["dynamic.onnx", "'images'", "axis 1"]),
     "batched_constant_matmul": ("compile", ["square.onnx", "-o", "out_square"],

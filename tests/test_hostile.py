@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -428,3 +429,19 @@ def test_a_call_from_python_counts_its_budget_from_the_call(case, monkeypatch):
                                     out="out")
     assert code == 0, stderr
     assert (case.dir / "out" / "r.txt").read_text().splitlines()[0] == "sat"
+
+
+@pytest.mark.parametrize("C, needle", [
+    ([[1.0, float("nan"), 0.0, 0.0, 0.0]], "non-finite"),
+    ([[float("inf"), 0.0, 0.0, 0.0, 0.0]], "non-finite"),
+    ([[1.0, 0.0, 0.0, 0.0, 0.0, 0.0]] * 2, "shape (2, 6)"),          # as given, not reshaped
+])
+def test_python_spec_matrix_is_validated(base, C, needle):
+    """A C row with inf or nan gave (-inf, inf) bounds silently; now a one-line error."""
+    from shardbound.compiler.errors import ShardboundError
+    from shardbound.runtime import load
+
+    v = load(str(base / "prog_blocked"))
+    lo = torch.zeros(6)
+    with pytest.raises(ShardboundError, match=re.escape(needle)):
+        v.bounds(lo, lo + 0.1, C=torch.tensor(C))

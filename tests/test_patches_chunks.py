@@ -2,7 +2,8 @@
 row chunks, the blocked conv backward's im2col in row chunks, `to_dense` by whole windows, and
 the residual Add of patches into one padded tensor give bitwise what one call / the dense rows
 give, in `blocked` (against the dense path too) and `fast` (run to run), on a small conv ResNet
-built here."""
+built here; and a conv step's rows left unmasked outside the grid give the bits of masking
+them at once."""
 
 from __future__ import annotations
 
@@ -101,3 +102,60 @@ def test_patches_add_is_the_padded_sum_bit_for_bit():
         s = s.to_dense() if isinstance(s, Patches) else s
         ref = A.to_dense() + B.to_dense()
         assert torch.equal(s.view(torch.int32), ref.view(torch.int32))
+
+
+def _conv_chain(rng):
+    """2x8x8 -> conv s2 -> ReLU -> conv -> conv (no activation between) -> Add with the
+    ReLU's output -> ReLU -> gemm 3: a conv step whose rows come straight from another
+    conv step (what it scattered outside the grid must be masked first), an Add of such
+    rows, and rows that reach the input from a conv step."""
+    b = zoo.Builder(rng, (2, 8, 8))
+
+    def conv(x, c_in, c_out, stride=1):
+        return b.op("Conv", [x, b.const(b.weight(c_out, c_in, 3, 3)),
+                             b.const(rng.normal(0, 0.1, (c_out,)))],
+                    pads=[1, 1, 1, 1], strides=[stride, stride])
+
+    h = b.relu(conv("x", 2, 3, stride=2))
+    h = b.relu(b.op("Add", [h, conv(conv(h, 3, 3), 3, 3)]))
+    h = b.op("Flatten", [h], axis=1)
+    return b.build(b.gemm(h, 3 * 4 * 4, 3)), b.input_shape
+
+
+def test_unmasked_conv_rows_keep_the_bits(tmp_path, monkeypatch):
+    """A conv step leaves what it scattered outside the grid (`Patches.dirty`) for the
+    next step: the bounds are bitwise those of masking every conv step's rows at once
+    (`fast` and `blocked`), and `blocked` keeps the dense rows' bits."""
+    from shardbound.compiler.driver import compile_model
+    from shardbound.passes.manager import PassOptions
+    from shardbound.runtime import load
+    from shardbound.runtime.ops.conv import Conv2d
+    from shardbound.runtime.ops.patches import Patches
+
+    model, shape = _conv_chain(np.random.default_rng(13))
+    onnx.save(model, tmp_path / "m.onnx")
+    lo, hi = (torch.tensor(t).reshape(1, *shape)
+              for t in random_box(np.random.default_rng(14), shape, radius=0.5))
+    lazy = Conv2d._backward_patches
+
+    def eager(self, A):
+        (A_in,), bias = lazy(self, A)
+        if isinstance(A_in, Patches):
+            A_in = A_in.masked()
+            assert not A_in.dirty
+        return [A_in], bias
+
+    for order in ("fast", "blocked"):
+        compile_model(str(tmp_path / "m.onnx"), str(tmp_path / order),
+                      PassOptions(summation=order))
+        net = load(str(tmp_path / order)).network
+        with torch.no_grad():
+            got = net.crown(lo, hi)
+            assert net.crown_rows[net.output.name] == 3 and sum(net.crown_rows.values()) > 3
+            with monkeypatch.context() as m:
+                m.setattr(Conv2d, "_backward_patches", eager)
+                ref = net.crown(lo, hi)
+            assert all(torch.equal(a, b) for a, b in zip(got, ref)), order
+            if order == "blocked":
+                net.patches = False
+                assert all(torch.equal(a, b) for a, b in zip(net.crown(lo, hi), ref))

@@ -6,7 +6,7 @@ max_inclusive_version=opset).since_version`), so an op whose signature changed b
 (Squeeze's axes moved from an attribute to an input in opset 13) gets the right handler.
 Each op family lives in its own module, named as its kernels' module under runtime/ops/
 (linear, conv, pooling, activation, arithmetic, layout, smooth, exponential, periodic, gated,
-movement, reduction, normalization, constants); importing this package registers them all.
+movement, reduction, normalization, discrete, constants); importing this package registers them all.
 Registering one (domain, op, version) twice is an error at import.
 """
 
@@ -118,6 +118,6 @@ def find_handler(op_type: str, opset: int, domain: str = "") -> Handler | None:
 
 # Register every op family (imported for their side effect on _REGISTRY).
 from shardbound.compiler.lowering import (activation, arithmetic, bilinear, constants, conv,  # noqa: E402,F401
-                                           exponential, gated, layout, linear, movement,
+                                           discrete, exponential, gated, layout, linear, movement,
                                            normalization, periodic, pooling, reduction,
                                            smooth, softmax)

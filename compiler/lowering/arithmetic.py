@@ -1,7 +1,8 @@
 """The arithmetic family: arithmetic with constants (-> `affine`: Add, Sub, Mul, Div, Neg,
 BatchNormalization in inference as a per-channel affine that canonicalize folds into the layer
 before it), sums of computed tensors and constants (-> `add`: Add, Sub, Sum) and Where with a
-constant condition (a select: x * c + y * (1 - c), exact for c in {0, 1}). A product of two
+constant condition (a select: x * c + y * (1 - c), exact for c in {0, 1}; a computed
+condition: compiler/lowering/discrete.py). A product of two
 computed tensors goes to the product patterns other families register (`register_product`:
 x * sigmoid(x) is silu), a division by one to their quotient patterns (`register_quotient`:
 c / x is a reciprocal); what none of them takes is a general product (the bilinear family:
@@ -17,6 +18,7 @@ import numpy as np
 
 from shardbound.compiler.lowering import lower_product, lower_quotient, register
 from shardbound.compiler.lowering.bilinear import lower_product_xy, lower_quotient_xy
+from shardbound.compiler.lowering.discrete import lower_where_computed
 from shardbound.compiler.lowering.movement import expand_to
 
 
@@ -139,12 +141,12 @@ def lower_neg(ctx, node):
 
 @register("Where", since=9)
 def lower_where(ctx, node):
-    """A constant condition selects elementwise between two operands (computed or constant)."""
+    """A constant condition selects elementwise between two operands (computed or constant);
+    a computed condition is the discrete family's `where_select`."""
     cond, a, b = node.inputs[:3]
-    if not ctx.is_const(cond):
-        raise ctx.error("its condition depends on the network input: the output is then a "
-                        "piecewise choice that has no linear bound; only a constant "
-                        "condition is supported")
+    if not ctx.is_const(cond):          # a piecewise choice: the discrete family's
+        lower_where_computed(ctx, node)
+        return
     c = np.asarray(ctx.const(cond, "condition")).astype(bool)
     keep = c.astype(np.float64)
     values = [ctx.value(a), ctx.value(b)]

@@ -6,11 +6,12 @@ comparisons and logic ops, Where, Cast, ArgMax, ReduceMax, OneHot, arithmetic. T
 nodes need more:
 - ops whose output is a constant although an input is computed: the shape of a computed
   tensor is known (Shape, with start / end, in compiler/lowering/layout.py; Size here);
-- ops that are discrete or dynamic in their inputs (comparisons, logic, ArgMax, OneHot,
-  rounding, NonZero): applied to the network input they are piecewise constant, with no linear
-  bound, so they are folded or refused with a message that says so (`register_constant_only`;
-  Where with a computed condition and Gather with computed indices are refused by their
-  handlers for the same reason).
+- ops that are dynamic or bit-level in their inputs (NonZero, IsNaN, IsInf, BitShift, the
+  shape sources and random ops): applied to the network input they are folded or refused
+  with a message that says so (`register_constant_only`; Gather with computed indices is
+  refused by its handler). The piecewise-constant ones (comparisons, logic, ArgMax / ArgMin,
+  OneHot, rounding, casts to integers, Where with a computed condition) are bounded by the
+  discrete family (compiler/lowering/discrete.py).
 """
 
 from __future__ import annotations
@@ -30,11 +31,14 @@ def lower_size(ctx, node):
 
 
 register_constant_only(
-    ["Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Not", "And", "Or", "Xor",
-     "ArgMax", "ArgMin", "OneHot", "NonZero", "Floor", "Ceil", "Round", "IsNaN", "IsInf",
-     "BitShift"],
-    "applied to the network input, these are discrete (piecewise-constant) functions with no "
-    "linear bound; shardbound evaluates them only on constants (folded at compile time)")
+    ["NonZero"],
+    "applied to the network input, its output shape depends on the input values (a dynamic "
+    "shape); shardbound evaluates it only on constants (folded at compile time)")
+register_constant_only(
+    ["IsNaN", "IsInf", "BitShift"],
+    "applied to the network input, these test or shift the bits of values shardbound carries "
+    "as float32 bounds (IsNaN / IsInf of a network value, integer bit shifts); shardbound "
+    "evaluates them only on constants (folded at compile time)")
 register_constant_only(
     ["ConstantOfShape", "Range", "EyeLike", "RandomNormal", "RandomUniform",
      "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"],

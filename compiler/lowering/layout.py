@@ -1,8 +1,9 @@
 """The layout family: Flatten, Reshape, Squeeze, Unsqueeze and Transpose (a `reshape` node, or a
 `transpose` when the element order really changes; the batch axis stays first), the
-pass-through ops Identity, Dropout (inference) and Cast between floats, the constant
+pass-through ops Identity and Dropout (inference), the constant
 sources Constant and Shape, and Pad (constant / reflect / edge / wrap, negative pads crop: a
-`pad` node, an index map)."""
+`pad` node, an index map). Cast is the discrete family's (between floats it passes
+through)."""
 
 from __future__ import annotations
 
@@ -164,17 +165,6 @@ def lower_dropout(ctx, node):
     if len(node.outputs) > 1 and node.outputs[1].name:
         if node.outputs[1].outputs:
             raise ctx.error("the Dropout mask output is used by other nodes; not supported")
-
-
-@register("Cast", since=1)
-def lower_cast(ctx, node):
-    to = int(node.attrs.get("to", 1))
-    from onnx import TensorProto
-    if to not in (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16):
-        raise ctx.error("a cast of a computed tensor to a non-float type is not supported: it "
-                        "depends on the network input, where it is a discrete (piecewise-"
-                        "constant) function with no linear bound; only constants are cast")
-    ctx.alias(node.outputs[0], ctx.computed(node.inputs[0]))
 
 
 # -- Pad ----------------------------------------------------------------------------------------

@@ -115,7 +115,8 @@ def tensor_bytes(tensors) -> int:
     for t in tensors:
         if t is None:
             continue
-        key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+        storage = t.untyped_storage()       # one storage object per tensor (it is made per call)
+        key = (storage.data_ptr(), storage.nbytes())
         if key not in seen:
             seen.add(key)
             total += key[1]

@@ -274,7 +274,7 @@ def _backward_peak(nodes, index, places, splits, t, S, start, local, batch):
         node = nodes[j]
         if node.name not in live or node.traits.is_input:
             continue
-        new_bytes = backward_step(nodes, index, node, live, batch, S, sum_splits=True)
+        new_bytes = backward_step(nodes, index, node, live, batch, S)
         place = places.get(node.name)
         # While a reduction runs the ledger holds the A-matrices before the step and its
         # buffers (a first side's finished product is on it only once the step returns).

@@ -36,7 +36,7 @@ DECAY = 1.0
 
 def beta_crown(network, ibp, known, lower, upper, C, splits, lb_start,
                iterations: int = DEFAULT_ITERATIONS, stop=None, alpha_start=None,
-               alpha_out=None, beta_out=None, beta_start=None):
+               alpha_out=None, beta_out=None, beta_start=None, best_out=None):
     """(lower bounds (B, S) of C f(x) on each domain, at least `lb_start` (a sound bound of
     the same rows, e.g. CROWN's); the input A-matrix (B, S, *input) of the last iteration, or
     None). `splits` maps nodes feeding splittable ops to int8 (B, *shape). The A-matrix's
@@ -55,7 +55,11 @@ def beta_crown(network, ibp, known, lower, upper, C, splits, lb_start,
     same way: a child's split multipliers start where its parent's ended (the new split's at
     0, as the parent never had a gradient there), clamped to >= 0 first; `beta_out` then
     has every split node of `splits` (zeros where a batch has no split there), so that the
-    layout is the same in every round."""
+    layout is the same in every round.
+    A dict as `best_out` receives, under "alphas" and "betas", per row the parameters of the
+    iteration that gave the bound returned (the best, not the last: the certificate of
+    --soundness real/float32 re-evaluates those; the last ones warm-start the children; a
+    warm start is only where the iterates begin, so the best may be the warm start itself)."""
     S_all = lb_start.shape[1]
     a, b = network.rows.my_range(S_all)
     start = lb_start[:, a:b]
@@ -103,8 +107,13 @@ def beta_crown(network, ibp, known, lower, upper, C, splits, lb_start,
     saved = SavedTensorCounter(ledger)
     ledger.set("alpha", alpha_bytes(alphas) + 4 * sum(t.numel() * t.element_size()
                                                       for t in betas.values()))
+    keep = None
+    if best_out is not None:
+        keep = {**{("alpha", k): a for k, a in alphas.items()},
+                **{("beta", k): b for k, b in betas.items()}}
     try:
-        best = maximise(objective, groups, iterations, start=start, stop=stop, saved=saved)
+        best = maximise(objective, groups, iterations, start=start, stop=stop, saved=saved,
+                        keep=keep)
     finally:
         saved.clear()
         ledger.set("alpha", 0)
@@ -116,4 +125,7 @@ def beta_crown(network, ibp, known, lower, upper, C, splits, lb_start,
             if name not in beta_out:
                 beta_out[name] = torch.zeros(B, S, *sp.shape[1:], dtype=lower.dtype,
                                              device=lower.device)
+    if best_out is not None:
+        best_out["alphas"] = {k[1]: t for k, t in keep.items() if k[0] == "alpha"}
+        best_out["betas"] = {k[1]: t for k, t in keep.items() if k[0] == "beta"}
     return network.rows.gather(best, S_all), network.rows.gather(grab["lA"].detach(), S_all)

@@ -60,11 +60,19 @@ class StartNode:
 def full_alpha_crown(network, lower: torch.Tensor, upper: torch.Tensor, C=None,
                      iterations: int = DEFAULT_ITERATIONS, lr: float = DEFAULT_LR, cache=None,
                      stop=None, max_alpha_elements: int = MAX_ALPHA_ELEMENTS,
-                     decay: float = DEFAULT_DECAY):
+                     decay: float = DEFAULT_DECAY, replay: dict | None = None):
     """(lower (B, S), upper (B, S), known): bounds of C f(x) by full alpha-CROWN and the
     intermediate bounds it tightened (a copy of the planned ones, each at least as tight).
     `cache` may hold (ibp, known) from an earlier intermediate pass on the same boxes;
-    `stop()` ends the optimisation early (a time budget: see `optimise.maximise`)."""
+    `stop()` ends the optimisation early (a time budget: see `optimise.maximise`).
+
+    A dict as `replay` (--soundness real/float32) receives the parameters behind the bounds,
+    per row those of the iteration that gave its best value: "nodes" (start node name ->
+    (its neuron indices (k,), {op name: alphas (B, 2k, ...)}, rows z_i then -z_i), in
+    topological order) and "final" ({op name: (B, S, ...)}), for the rigorous engine to
+    re-evaluate (`RigorousBounds.root_certificate`). Left empty under row sharding (a rank
+    holds only its rows' alphas) and when nothing was optimised. Bookkeeping only: the
+    bounds are the same bits with or without it."""
     network.alpha_rows = None               # set below when the optimisation runs
     with torch.no_grad():
         ibp, known = cache if cache is not None else network.intermediate_bounds(lower, upper)
@@ -90,6 +98,13 @@ def full_alpha_crown(network, lower: torch.Tensor, upper: torch.Tensor, C=None,
     saved = SavedTensorCounter(ledger)
     ledger.set("alpha", sum(alpha_bytes(al) for al in every))
     current = {"known": dict(known)}
+    sharded = (a, b) != (0, S_all) or any(len(s.mine) != len(s.index) for s in starts)
+    keep_final = {} if replay is not None and not sharded else None
+    kept = None
+    if keep_final is not None:
+        keep_final.update(final_alphas)
+        kept = {s.node.name: {k: t.detach().clone() for k, t in s.alphas.items()}
+                for s in starts}
 
     def objective(last):
         cur = dict(known)
@@ -99,6 +114,12 @@ def full_alpha_crown(network, lower: torch.Tensor, upper: torch.Tensor, C=None,
             if not last and value.requires_grad:
                 (-value.sum()).backward()
                 saved.clear()           # this pass's graph is gone
+            if kept is not None:        # each row's parameters at its best value
+                better = value.detach() > s.best
+                mine = kept[s.node.name]
+                for k, t in s.alphas.items():
+                    w = better.reshape(*better.shape, *([1] * (t.dim() - 2)))
+                    mine[k] = torch.where(w, t.detach(), mine[k])
             s.best = torch.maximum(s.best, value.detach())
             cur[s.node.name] = _merged(network, s, known[s.node.name])
         current["known"] = cur
@@ -108,10 +129,13 @@ def full_alpha_crown(network, lower: torch.Tensor, upper: torch.Tensor, C=None,
     groups = [alpha_group(network, al, lr, decay) for al in every if al]
     try:
         best = maximise(objective, groups, iterations, start=lb_all[:, a:b], saved=saved,
-                        stop=stop)
+                        stop=stop, keep=keep_final)
     finally:
         saved.clear()
         ledger.set("alpha", 0)
+    if keep_final is not None:
+        replay["final"] = keep_final
+        replay["nodes"] = {s.node.name: (s.index, kept[s.node.name]) for s in starts}
     tightened = current["known"]
     lb = torch.maximum(network.rows.gather(best, S_all), lb_all)
     if starts:      # CROWN's upper side on the tightened intermediate bounds
@@ -171,7 +195,7 @@ def _merged(network, s: StartNode, base):
     return new_lo.reshape(lo.shape), new_hi.reshape(hi.shape)
 
 
-def root_bounds(network, lower, upper, C, cache, stop=None):
+def root_bounds(network, lower, upper, C, cache, stop=None, replay=None):
     """What `verify` runs once per input box after CROWN: (lower bounds (B, S) by full
     alpha-CROWN, the tightened intermediate bounds: branch and bound's root prior). In tp
     (no intermediate start nodes) the intermediate bounds are first tightened node by node
@@ -183,5 +207,6 @@ def root_bounds(network, lower, upper, C, cache, stop=None):
         known = optimise_intermediate_bounds(network, lower, upper, cache[1], stop=stop)
         lb, _ = alpha_crown(network, lower, upper, C, cache=(cache[0], known), stop=stop)
         return lb, known
-    lb, _, known = full_alpha_crown(network, lower, upper, C, cache=cache, stop=stop)
+    lb, _, known = full_alpha_crown(network, lower, upper, C, cache=cache, stop=stop,
+                                    replay=replay)
     return lb, known

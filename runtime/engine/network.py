@@ -431,10 +431,17 @@ class Network:
         node name; uAs None: lower side only) and the bias terms gathered so far, down to the
         input, concretised over the box. `steps`, a list, receives the ops stepped through."""
         self.ledger.set("a_matrix", tensor_bytes([*lAs.values(), *uAs.values()]))
+        lower_only = all(A is None for A in uAs.values())
         stop = self.nodes.index(target)
         for n in reversed(self.nodes[:stop + 1]):
-            if n.name not in lAs or n is self.input:
+            if n is self.input:
                 continue
+            if n.name not in lAs:
+                if extra_A is None or n.name not in extra_A:
+                    continue
+                # no A reaches n (a discrete op cut every path), but a split term starts here
+                lAs[n.name] = torch.zeros_like(extra_A[n.name])
+                uAs[n.name] = None if lower_only else torch.zeros_like(extra_A[n.name])
             lA, uA = lAs.pop(n.name), uAs.pop(n.name)
             if extra_A is not None and n.name in extra_A:
                 lA = lA + extra_A[n.name]
@@ -460,12 +467,18 @@ class Network:
             if ub is not None:
                 u_bias = u_bias + ub
             for name, la, ua in zip(n.inputs, l_in, u_in):
+                if la is None and ua is None:   # zero: the op's lines are constants there
+                    continue
                 if name in lAs:
                     lAs[name] = lAs[name] + la
                     uAs[name] = None if ua is None else uAs[name] + ua
                 else:
                     lAs[name], uAs[name] = la, ua
             self.ledger.set("a_matrix", tensor_bytes([*lAs.values(), *uAs.values(), *l_in, *u_in]))
+        if self.input.name not in lAs:  # no path to the input passes an A (discrete ops)
+            shape = (l_bias.shape[0], l_bias.shape[1], *self.input.shape)
+            lAs[self.input.name] = l_bias.new_zeros(shape)
+            uAs[self.input.name] = None if lower_only else lAs[self.input.name]
         lA, uA = lAs[self.input.name], uAs[self.input.name]
         if input_A is not None:
             input_A["lA"] = dense(lA)
@@ -533,11 +546,15 @@ class Network:
         if C is None:
             C = torch.eye(out)
         C = torch.as_tensor(C, dtype=torch.float32).to(self.device)
+        given = tuple(C.shape)
         if C.dim() == 2:
             C = C.unsqueeze(0).expand(B, *C.shape)
         if C.dim() != 3 or C.shape[0] != B or C.shape[2] != out:
             raise ShardboundError(
-                f"spec matrix C has shape {tuple(C.shape)}; expected (S, {out}) or ({B}, S, {out})")
+                f"spec matrix C has shape {given}; expected (S, {out}) or ({B}, S, {out})")
+        if not bool(torch.isfinite(C).all()):
+            raise ShardboundError("spec matrix C holds a non-finite value (inf or nan); its rows "
+                                  "must be finite linear functions of the outputs")
         return C.reshape(B, C.shape[1], *self.output_shape).contiguous()
 
     # -- one entry point -----------------------------------------------------------------------

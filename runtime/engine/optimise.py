@@ -59,7 +59,7 @@ def alpha_bytes(alphas: dict[str, torch.Tensor]) -> int:
 
 def maximise(objective: Callable[[bool], torch.Tensor], groups: list[ParamGroup],
              iterations: int, start: torch.Tensor | None = None, saved=None,
-             stop: Callable[[], bool] | None = None) -> torch.Tensor:
+             stop: Callable[[], bool] | None = None, keep: dict | None = None) -> torch.Tensor:
     """The best value per element of `objective` over `iterations` + 1 evaluations: the
     starting parameters, then after each projected Adam step. `objective(last)` computes the
     value (differentiable unless `last`: the final evaluation takes no gradient); `start`, a
@@ -69,8 +69,15 @@ def maximise(objective: Callable[[bool], torch.Tensor], groups: list[ParamGroup]
     `stop()` (a time budget: runtime/verification/budget.py) is asked before each step; when
     it says so the loop ends with the best value so far, which is as sound as any (every
     feasible parameter gives a valid bound). In a sharded run it must answer alike on every
-    rank (the budget's answer is a collective)."""
+    rank (the budget's answer is a collective).
+
+    `keep` (key -> parameter tensor (B, S, ...), rows as the value's): replaced in place by
+    detached copies holding, per row, the parameters of the evaluation that gave the row its
+    best value (the starting ones where none beat `start`): the parameters behind the bound
+    returned, which --soundness real/float32 re-evaluate rigorously. Only bookkeeping: the
+    iterates and the result are the same bits with or without it."""
     params = [g for g in groups if g.tensors]
+    kept = None if keep is None else {k: t.detach().clone() for k, t in keep.items()}
     opt = Adam([(g.tensors, g.lr) for g in params]) if params else None
     best = start.clone() if start is not None else None
     for it in range(iterations + 1):
@@ -86,6 +93,12 @@ def maximise(objective: Callable[[bool], torch.Tensor], groups: list[ParamGroup]
                 (-value.sum()).backward()
         if saved is not None:
             saved.clear()
+        if kept is not None and value.numel():
+            better = (value.detach() > best) if best is not None else torch.ones_like(
+                value, dtype=torch.bool)
+            for k, t in keep.items():
+                w = better.reshape(*better.shape, *([1] * (t.dim() - better.dim())))
+                kept[k] = torch.where(w, t.detach(), kept[k])
         best = value.detach() if best is None else torch.maximum(best, value.detach())
         if last or opt is None or (stop is not None and stop()):
             break
@@ -96,6 +109,8 @@ def maximise(objective: Callable[[bool], torch.Tensor], groups: list[ParamGroup]
         for i, g in enumerate(params):
             if g.decay != 1.0:          # an exponential schedule, as torch's ExponentialLR
                 opt.groups[i] = (opt.groups[i][0], g.lr * g.decay ** (it + 1))
+    if kept is not None:
+        keep.update(kept)
     return best
 
 

@@ -4,7 +4,7 @@ system reads (runtime/ops/base.py) and, when nonlinear, its relaxation
 
 Families (each with a lowering module of the same name under compiler/lowering/): linear,
 conv, pooling, activation, arithmetic, layout, smooth, exponential, periodic, gated, movement,
-reduction, normalization. Shared machinery: base.py (Op, traits, registry), relaxation.py
+reduction, normalization, discrete. Shared machinery: base.py (Op, traits, registry), relaxation.py
 (the relaxation interface), intercepts.py (lines with computed intercepts, for the smooth functions),
 index_map.py (the index maps of the movement kernels). `OP_TYPES` maps IR op kinds to
 classes; the generated program names classes as `ops.<Class>`, which resolves any
@@ -22,7 +22,7 @@ from shardbound.runtime.ops.arithmetic import Add, Affine
 from shardbound.runtime.ops.activation import Relu
 from shardbound.runtime.ops.smooth import Erf, Sigmoid, Softsign, Tanh  # noqa: F401
 from shardbound.runtime.ops.pooling import MaxPool2d
-from shardbound.runtime.ops import bilinear, exponential, gated, periodic, softmax  # noqa: F401,E501
+from shardbound.runtime.ops import bilinear, discrete, exponential, gated, periodic, softmax  # noqa: F401,E501
 from shardbound.runtime.ops.movement import Move, Resample
 from shardbound.runtime.ops.reduction import ReduceSum
 from shardbound.runtime.ops.normalization import Normalize

@@ -49,6 +49,7 @@ from typing import Callable, Sequence
 import torch
 
 from shardbound.runtime.numerics import contract
+from shardbound.runtime.ops.memo import LastValueMemo
 
 Bounds = tuple[torch.Tensor, torch.Tensor]
 
@@ -125,6 +126,14 @@ class Op:
         if attrs:
             raise TypeError(f"{self.kind} takes no attributes, got {sorted(attrs)}")
 
+    def memo(self, slot: str) -> LastValueMemo:
+        """The node's memo named `slot` (memo.py: recomputed when its source tensors change,
+        in place included), made on first use."""
+        found = self.__dict__.get(slot)
+        if found is None:
+            found = self.__dict__[slot] = LastValueMemo()
+        return found
+
     # -- traits that depend on the node ---------------------------------------------------------
     @property
     def is_linear(self) -> bool:
@@ -195,7 +204,9 @@ class Op:
     def crown_backward(self, lA: torch.Tensor, uA: torch.Tensor | None,
                        in_bounds: Sequence[Bounds | None], alpha=None):
         """(lower A per input, upper A per input, lower bias, upper bias). Default for linear
-        ops: the same map on both sides, computed once while both sides are one tensor."""
+        ops: the same map on both sides, computed once while both sides are one tensor. An
+        input whose lower and upper A are both None gets a zero A-matrix (the discrete
+        family's constant lines): the engine propagates nothing towards it."""
         l_in, l_bias = self.backward_linear(lA)
         if uA is None:
             return l_in, [None] * len(l_in), l_bias, None

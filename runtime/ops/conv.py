@@ -230,23 +230,23 @@ class Conv2d(Op):
         """Per group, its weights transposed (cin_g*kh*kw, out_per_group) and contiguous: the
         backward product's operands, made once per program for a resident weight (an fsdp
         shard is gathered per use, so it is transposed per use)."""
-        cached = getattr(self, "_weights_t_cache", None)
-        if cached is not None and cached[0] is w:
-            return cached[1]
-        G, kh, kw = self.groups, *w.shape[2:]
-        out_per_group = w.shape[0] // G
-        parts = [w[g * out_per_group:(g + 1) * out_per_group].reshape(
-                     out_per_group, w.shape[1] * kh * kw)     # explicit: a tp rank may hold none
-                 .t().contiguous() for g in range(G)]
-        if isinstance(self.params.get("weight"), torch.Tensor):
-            self._weights_t_cache = (w, parts)
-        return parts
+        def transposed():
+            G, kh, kw = self.groups, *w.shape[2:]
+            out_per_group = w.shape[0] // G
+            return [w[g * out_per_group:(g + 1) * out_per_group].reshape(
+                        out_per_group, w.shape[1] * kh * kw)  # explicit: a tp rank may hold none
+                    .t().contiguous() for g in range(G)]
+        if not isinstance(self.params.get("weight"), torch.Tensor):
+            return transposed()
+        return self.memo("_weights_t_memo").get((w,), transposed)
 
     def _backward_patches(self, A: Patches):
         """The backward step on rows in patches form: the transposed convolution of each
         window (the same per-position products and scatter-add as the dense rows), whose
         corner moves to the input grid; the bias term sums each channel over the window
         (`fast`) or over the dense rows (ordered summations: the dense bits)."""
+        if A.dirty:                 # its outside entries would spread into the grid
+            A = A.masked(in_place=True)
         B, S = self._rows(A)
         w = self.param("weight")
         C_in = self.in_shapes[0][0]
@@ -262,8 +262,10 @@ class Conv2d(Op):
             out = self._backward_im2col(flat.contiguous(), w, size)
         origin = A.origin * torch.tensor([sh, sw], device=A.origin.device) \
             - torch.tensor(self.pads[:2], device=A.origin.device)
-        A_in = Patches(out.reshape(B, S, C_in, *size), origin,
-                       self.in_shapes[0]).masked(in_place=True)
+        # What the scatter put outside the grid stays (dirty): an elementwise step or the box
+        # terms meet zeros there (their lines / the box are gathered as zeros), and a conv
+        # step masks it first (above).
+        A_in = Patches(out.reshape(B, S, C_in, *size), origin, self.in_shapes[0], dirty=True)
         if A_in.covers_grid():
             A_in = A_in.to_dense()
         b = self.param("bias")

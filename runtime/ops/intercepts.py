@@ -35,7 +35,8 @@ infinite intercepts apart, relaxation.py).
 CROWN's slopes (`default_slopes64`): on an interval where f has one curvature, the tangent at
 the midpoint and the chord (Zhang et al. 2018); otherwise the supporting lines of f's convex
 (lower) and concave (upper) envelopes over [l, u] at the midpoint, found by bisection on the
-slope (the touching point of the line with slope w moves monotonically with w). That rule is
+slope (the touching point of the line with slope w moves monotonically with w; the searches
+are in runtime/ops/intercept_search.py, a mixin of `InterceptRelaxation`). That rule is
 the one that minimises the area between the line and f, and gives the classic choices on
 intervals of one curvature and for S-shaped functions (the tangent through the far endpoint).
 
@@ -53,25 +54,21 @@ import math
 
 import torch
 
+from shardbound.runtime.ops.intercept_search import (  # noqa: F401  (re-exported)
+    BISECTION_STEPS, ENVELOPE_STEPS, F64, INF, SIDES as _SIDES, TOUCH_STEPS, SlopeSearch, bisect,
+    broadcast_shape, h_convexity, no_nan)
 from shardbound.runtime.ops.relaxation import ElementwiseRelaxation, Lines
+from shardbound.runtime.ops.memo import tensor_key
 
-F64 = torch.float64
 EPS = 2.0 ** -46        # relative float64 error allowed per evaluated term (64 ulps)
 TINY = 2.0 ** -126      # absolute slack: the smallest normal float32 (no denormal intercepts)
 HUGE = 2.0 ** 32        # beyond this a line buys nothing over the constant bounds
-BISECTION_STEPS = 48    # `bisect`'s default (S-shaped tangents: Newton, smooth.NEWTON_STEPS)
-TOUCH_STEPS = 32        # touching points by bisection: off by 2^-32 of the piece, which
-                        # loosens a bound by ~ f'' width^2 2^-32 (any result is sound)
-ENVELOPE_STEPS = 20     # CROWN's slopes of a mixed-curvature interval: the line's value at
-                        # the midpoint is flat near the optimum (any result is sound)
 # alpha lives in [0, ALPHA_SPAN]^2: the shared optimiser's step (lr 0.25, tuned for ReLU
 # slopes in [0, 1]) is then 1/48 of the slope range. Measured (20 steps; sigmoid_mlp,
 # tanh_mlp, tp_sigmoid; 36 boxes): total gain of the margins over CROWN 15.4 with span 1,
 # 18.6 (4), 19.7 (8), 19.9 (12), 19.8 (16), 18.5 (64): big first steps overshoot an
 # optimum that lies near CROWN's slopes.
 ALPHA_SPAN = 12.0
-INF = math.inf
-_SIDES = torch.tensor([1.0, -1.0], dtype=torch.float64)   # lower line, upper line
 
 
 def round_down(x64: torch.Tensor) -> torch.Tensor:
@@ -94,33 +91,9 @@ def to_slope(w64: torch.Tensor) -> torch.Tensor:
     return torch.where(w.abs() < TINY, torch.zeros_like(w), w)
 
 
-def bisect(fn, a, b, steps: int = BISECTION_STEPS):
-    """The root of an increasing fn on [a, b] (elementwise, fixed steps; deterministic)."""
-    for _ in range(steps):
-        m = (a + b) / 2
-        above = fn(m) > 0
-        b, a = torch.where(above, m, b), torch.where(above, a, m)
-    return (a + b) / 2
-
-
-def _broadcast_shape(*shapes) -> tuple[int, ...]:
-    """torch.broadcast_shapes for valid shapes, without its Python-side checks (~100 us)."""
-    rank = max(len(s) for s in shapes)
-    out = [1] * rank
-    for shape in shapes:
-        for i, n in enumerate(shape, rank - len(shape)):
-            if n != 1:
-                out[i] = n
-    return tuple(out)
-
-
 def _margin(v: torch.Tensor) -> torch.Tensor:
     """EPS |v| + TINY for finite v, 0 for infinite v (an infinite bound needs no margin)."""
     return torch.where(torch.isfinite(v), EPS * v.abs() + TINY, torch.zeros_like(v))
-
-
-def _no_nan(v: torch.Tensor, fill: float) -> torch.Tensor:
-    return torch.where(torch.isnan(v), torch.full_like(v, fill), v)
 
 
 def _clip_low(x, bound):
@@ -149,7 +122,7 @@ class Pointwise(torch.autograd.Function):
         return grad * d, None
 
 
-class InterceptRelaxation(ElementwiseRelaxation):
+class InterceptRelaxation(SlopeSearch, ElementwiseRelaxation):
     """An elementwise f relaxed by lines with chosen slopes and computed intercepts (see the
     module docstring). A subclass gives f and f' in float64 (`f64`, `df64`; the limits at
     +-inf, never NaN where f is defined), its pieces, and optionally closed forms for the
@@ -256,8 +229,7 @@ class InterceptRelaxation(ElementwiseRelaxation):
         """compute() for the last bounds seen in `slot`: CROWN's lines and alpha's slope
         ranges are asked for once per backward pass through this node, with the same bounds
         (held, so their storage cannot be reused; an in-place change bumps _version)."""
-        key = tuple((t.data_ptr(), t.shape, t.stride(), t.storage_offset(), t._version, t.dtype,
-                     t.device) for t in (lo, hi))
+        key = tensor_key(lo, hi)
         cached = getattr(self, slot, None)
         if cached is None or cached[0] != key:
             cached = (key, (lo, hi), compute())
@@ -360,11 +332,7 @@ class InterceptRelaxation(ElementwiseRelaxation):
             if isinstance(curvature, str) and curvature == "linear":
                 h_convex = False
             elif isinstance(side, torch.Tensor):
-                h_convex = side > 0
-                if isinstance(curvature, str):
-                    h_convex = h_convex if curvature == "convex" else ~h_convex
-                else:
-                    h_convex = torch.where(h_convex, curvature, ~curvature)
+                h_convex = h_convexity(curvature, side)
             elif isinstance(curvature, str):
                 h_convex = (curvature == "convex") == (side > 0)
             else:
@@ -380,47 +348,6 @@ class InterceptRelaxation(ElementwiseRelaxation):
                 best_raw = torch.minimum(best_raw, raw)
         return side * best, best_x
 
-    def _stackable(self, pieces, side) -> bool:
-        """Whether every piece's candidates can be evaluated in one stacked call: both lines
-        at once (then every non-linear piece has a touching point on one side), several
-        pieces, none linear, and one derivative formula for all of them."""
-        return (isinstance(side, torch.Tensor) and len(pieces) > 1
-                and type(self).piece_df64 is InterceptRelaxation.piece_df64
-                and not any(isinstance(p[4], str) and p[4] == "linear" for p in pieces))
-
-    def _stacked_candidates(self, pieces, w, side):
-        """(x, h_convex, inside) stacked over pieces (axis 0) and candidates a, c, touching
-        point (axis 1): what `_piece_bound` evaluates piece by piece."""
-        shape = _broadcast_shape(pieces[0][1].shape, w.shape)
-        xs, convex, inside = [], [], []
-        try:
-            self._stack_candidates(pieces, w, side, shape, xs, convex, inside)
-        finally:        # touch64 may memoise over the pieces of one call (smooth.py)
-            self.__dict__.pop("_touch_memo", None)
-        return torch.stack(xs), torch.stack(convex), torch.stack(inside)
-
-    def _stack_candidates(self, pieces, w, side, shape, xs, convex, inside):
-        for index, a, c, within, curvature in pieces:
-            h_convex = side > 0
-            if isinstance(curvature, str):
-                h_convex = h_convex if curvature == "convex" else ~h_convex
-            else:
-                h_convex = torch.where(h_convex, curvature, ~curvature)
-            t = torch.minimum(torch.maximum(self.touch64(w, index, a, c), a), c)
-            xs.append(torch.stack([a.expand(shape), c.expand(shape), t.expand(shape)]))
-            convex.append(h_convex.expand(shape))
-            inside.append(within.expand(shape))
-
-    @staticmethod
-    def _first_min(h, x, inside, h_convex):
-        """The candidate of least h (no touching point where h is concave, nothing outside
-        the interval), the first of equals in piece-major order: `_intercept64`'s choice."""
-        h = torch.cat([h[:, :2], torch.where(h_convex, h[:, 2], INF).unsqueeze(1)], dim=1)
-        h = torch.where(inside.unsqueeze(1), h, INF)
-        n = h.shape[0] * h.shape[1]
-        _, at = torch.min(h.reshape(n, *h.shape[2:]), dim=0)
-        return torch.gather(x.reshape(n, *x.shape[2:]), 0, at.unsqueeze(0)).squeeze(0)
-
     def _intercept64_stacked(self, pieces, w, side):
         """`_intercept64` with every piece in one evaluation (the same formulas per entry:
         the same bits)."""
@@ -432,14 +359,14 @@ class InterceptRelaxation(ElementwiseRelaxation):
         err = self.err64(x, fx) + EPS * (w * x).abs() + TINY
         if self.piece_err:
             err = err + self.piece_err * width
-        ends = torch.amin(_no_nan(h[:, :2] - err[:, :2], -INF), dim=1)
+        ends = torch.amin(no_nan(h[:, :2] - err[:, :2], -INF), dim=1)
         df = self.df64(x)
         dh = side * (df - w)
         err = err + (self.derr64(x, df) + EPS * w.abs()) * width
-        tangent = torch.amax(_no_nan(h + torch.minimum(dh * (a - x), dh * (c - x)) - err, -INF),
+        tangent = torch.amax(no_nan(h + torch.minimum(dh * (a - x), dh * (c - x)) - err, -INF),
                              dim=1)
         bound = torch.where(inside, torch.where(h_convex, tangent, ends), INF)
-        best_x = self._first_min(_no_nan(h, INF), x, inside, h_convex)
+        best_x = self._first_min(no_nan(h, INF), x, inside, h_convex)
         return side * torch.amin(bound, dim=0), best_x
 
     def _piece_bound(self, index, a, c, width, w, side, h_convex):
@@ -450,7 +377,7 @@ class InterceptRelaxation(ElementwiseRelaxation):
         (outside f's domain) gives -inf. The candidates are stacked on a new leading axis
         (one evaluation of f for all of them)."""
         tangents = h_convex is not False
-        shape = _broadcast_shape(a.shape, w.shape)
+        shape = broadcast_shape(a.shape, w.shape)
         points = [a.expand(shape), c.expand(shape)]
         if tangents:
             t = torch.minimum(torch.maximum(self.touch64(w, index, a, c), a), c)
@@ -462,14 +389,14 @@ class InterceptRelaxation(ElementwiseRelaxation):
         if self.piece_err:
             err = err + self.piece_err * width
         if h_convex is not True:                # the endpoints' minimum
-            ends = torch.amin(_no_nan(h[:2] - err[:2], -INF), dim=0)
+            ends = torch.amin(no_nan(h[:2] - err[:2], -INF), dim=0)
         if tangents:                            # the tangents' maximum
             df = self.piece_df64(x, index)
             dh = side * (df - w)
             err = err + (self.derr64(x, df) + EPS * w.abs()) * width
-            tangent = torch.amax(_no_nan(h + torch.minimum(dh * (a - x), dh * (c - x)) - err,
+            tangent = torch.amax(no_nan(h + torch.minimum(dh * (a - x), dh * (c - x)) - err,
                                          -INF), dim=0)
-        h = _no_nan(h, INF)
+        h = no_nan(h, INF)
         if h_convex is True:
             bound = tangent
         elif h_convex is False:
@@ -513,61 +440,6 @@ class InterceptRelaxation(ElementwiseRelaxation):
             lower = lower.masked_scatter(mixed, envelope[0])
             upper = upper.masked_scatter(mixed, envelope[1])
         return lower, upper
-
-    def envelope_slopes64(self, lo, hi):
-        """The slopes (stacked: lower, upper) of the supporting lines of f's convex (lower)
-        / concave (upper) envelope over [lo, hi] at the midpoint: the line touching f where
-        the tangent point of the slope-w line crosses the midpoint (it moves right as w grows
-        for the lower line, left for the upper one). Bisection on w, both sides at once; each
-        step needs only where the line touches (`_argmin64`), not its intercept."""
-        m = (lo + hi) / 2
-        smin, smax = self.slope_range64(lo, hi)
-        a, b = torch.stack([smin, smin]), torch.stack([smax, smax])
-        side = _SIDES.to(lo.device).reshape(2, *([1] * lo.dim()))
-        for _ in range(ENVELOPE_STEPS):
-            w = (a + b) / 2
-            x = self._argmin64(lo, hi, w, side)
-            grow = torch.where(side > 0, x < m, x > m)
-            a, b = torch.where(grow, w, a), torch.where(grow, b, w)
-        return (a + b) / 2
-
-    def _argmin64(self, lo, hi, w, side):
-        """The candidate point where side (f - w x) is smallest over [lo, hi]: the point
-        `_intercept64` returns, found from the candidates' values alone (the same values,
-        compared in the same order: the same point)."""
-        pieces = list(self._pieces_within(lo, hi))
-        if self._stackable(pieces, side):
-            x, h_convex, inside = self._stacked_candidates(pieces, w, side)
-            return self._first_min(_no_nan(side * (self.f64(x) - w * x), INF), x, inside,
-                                   h_convex)
-        best = best_x = None
-        for index, a, c, inside, curvature in pieces:
-            if isinstance(curvature, str) and curvature == "linear":
-                h_convex = False
-            else:
-                h_convex = side > 0
-                if isinstance(curvature, str):
-                    h_convex = h_convex if curvature == "convex" else ~h_convex
-                else:
-                    h_convex = torch.where(h_convex, curvature, ~curvature)
-            shape = _broadcast_shape(a.shape, w.shape)
-            points = [a.expand(shape), c.expand(shape)]
-            if h_convex is not False:
-                t = torch.minimum(torch.maximum(self.touch64(w, index, a, c), a), c)
-                points.append(t.expand(shape))
-            x = torch.stack(points)
-            h = _no_nan(side * (self.f64(x) - w * x), INF)
-            if h_convex is not False:
-                h = torch.cat([h[:2], torch.where(h_convex, h[2], INF).unsqueeze(0)])
-            raw, at = torch.min(h, dim=0)
-            raw_x = torch.gather(x, 0, at.unsqueeze(0)).squeeze(0)
-            raw = torch.where(inside, raw, torch.full_like(raw, INF))
-            if best is None:
-                best, best_x = raw, raw_x
-            else:
-                best_x = torch.where(raw < best, raw_x, best_x)
-                best = torch.minimum(best, raw)
-        return best_x
 
     # -- alpha-CROWN -------------------------------------------------------------------------
     def alpha_init(self, in_bounds):

@@ -131,12 +131,12 @@ class Linear(Op):
 
     def _prepared(self, w):
         """(W, W.T) prepared for the ordered kernels, made on first use and kept while the
-        weight tensor is the same object (tp binding or a device move replaces it)."""
-        cached = getattr(self, "_prepared_weights", None)
-        if cached is None or cached[0] is not w:
+        weight tensor is unchanged (tp binding or a device move replaces it; an in-place edit
+        bumps its version)."""
+        def prepare():
             w_t = contract.prepare(w.t().contiguous(), self.order, w)
-            cached = self._prepared_weights = (w, (w_t.transposed(), w_t))
-        return cached[1]
+            return w_t.transposed(), w_t
+        return self.memo("_prepared_memo").get((w,), prepare)
 
     def unit_backward(self, index, patches=False):
         """Rows `index` of the identity times W: the rows of W itself (and the bias entries),

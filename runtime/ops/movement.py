@@ -293,7 +293,8 @@ def _source_array(in_shapes, expand_front, steps, indices=None) -> np.ndarray:
         a = np.arange(offset, offset + n, dtype=np.int64).reshape(shape)
         arrays.append(a.reshape((1,) * front + tuple(shape)))
         offset += n
-    return np.ascontiguousarray(run_steps(arrays, steps, indices))
+    # (np.ascontiguousarray would make a 0-d result, a Gather of one element, 1-d)
+    return np.array(run_steps(arrays, steps, indices), order="C", copy=True)
 
 
 # -- linear and cubic Resize: a weighted map, one interpolation matrix per resized axis -------------

@@ -38,10 +38,14 @@ FEW_CHANNELS = 4           # to_dense by whole windows up to this many (boxes x 
 class Patches:
     """Rows of an A-matrix over a (C, H, W) node, each nonzero only in its window."""
 
-    def __init__(self, values: torch.Tensor, origin: torch.Tensor, node_shape):
+    def __init__(self, values: torch.Tensor, origin: torch.Tensor, node_shape,
+                 dirty: bool = False):
         self.values = values                    # (B, S, C, ph, pw)
         self.origin = origin                    # (S, 2) long: (row, column) of the corner
         self.node_shape = tuple(int(d) for d in node_shape)
+        # `dirty`: the entries outside the grid hold what a conv step scattered there, not
+        # zeros; `values` is then a buffer of this pass's own (masked in place when needed).
+        self.dirty = dirty
 
     # -- what the engine and the ledger ask of an A-matrix --------------------------------------
     @property
@@ -69,9 +73,11 @@ class Patches:
         """The values' storage (the ledger counts what is held, not the dense size)."""
         return self.values.untyped_storage()
 
-    def with_values(self, values: torch.Tensor, origin=None, node_shape=None) -> "Patches":
+    def with_values(self, values: torch.Tensor, origin=None, node_shape=None,
+                    dirty: bool | None = None) -> "Patches":
         return Patches(values, self.origin if origin is None else origin,
-                       self.node_shape if node_shape is None else node_shape)
+                       self.node_shape if node_shape is None else node_shape,
+                       self.dirty if dirty is None else dirty)
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
@@ -117,15 +123,18 @@ class Patches:
     def masked(self, in_place: bool = False) -> "Patches":
         """Entries outside the grid set to zero (after a step that filled them); `in_place`
         when the caller owns the values (a fresh step output: no copy of the window)."""
-        keep = self.inside()
-        if bool(keep.all()):
+        if not any(self._margins()[2:]):         # every window inside: from the corners alone
+            self.dirty = False
             return self
+        keep = self.inside()
         v = self.values
         if in_place and not _differentiable(v):
             v.masked_fill_(~keep[None, :, None], 0)
+            self.dirty = False
             return self
         return self.with_values(torch.where(keep[None, :, None], v, torch.zeros((), dtype=v.dtype,
-                                                                                device=v.device)))
+                                                                                device=v.device)),
+                                dirty=False)
 
     # -- conversions --------------------------------------------------------------------------
     def gather(self, t: torch.Tensor) -> torch.Tensor:
@@ -133,18 +142,15 @@ class Patches:
         broadcasts to it) at every row's window: (Bt, S, C, ph, pw), zeros outside the grid."""
         return self.gather_many([t])[0]
 
-    def gather_many(self, tensors) -> list[torch.Tensor]:
-        """`gather` of several tensors at once (one indexing pass over all of them)."""
-        C, H, W = self.node_shape
-        parts = []
-        for t in tensors:
-            t = torch.as_tensor(t, dtype=self.dtype, device=self.device)
-            t = t.reshape((1,) * max(0, 5 - t.dim()) + tuple(t.shape))
-            if t.dim() != 5 or t.shape[1] != 1:
-                raise ValueError(f"cannot gather a tensor of shape {tuple(t.shape)} at patches")
-            parts.append(t.expand(t.shape[0], 1, C, H, W)[:, 0])
-        sizes = [p.shape[0] for p in parts]
-        t = parts[0] if len(parts) == 1 else torch.cat(parts)
+    def gather_many(self, tensors, table: "WindowTable | None" = None) -> list[torch.Tensor]:
+        """`gather` of several tensors at once (one indexing pass over all of them). With
+        `table` (`window_table` of these tensors at a superset of these rows: the rows of a
+        CROWN step cut into chunks) the windows are picked from it instead of being copied
+        out again per chunk; the values are the same."""
+        if table is not None:
+            ys, xs = self.origin[:, 0] + table.top, self.origin[:, 1] + table.left
+            return list(table.windows.index_select(1, ys * table.width + xs).split(table.sizes))
+        t, sizes = self._stacked(tensors)
         ph, pw = self.window
         _, _, top, bottom, left, right = self._margins()
         if top or bottom or left or right:
@@ -158,11 +164,43 @@ class Patches:
         Bt, Hq, Wq = views.shape[:3]
         ys, xs = self.origin[:, 0] + top, self.origin[:, 1] + left
         if self.origin.shape[0] > Hq * Wq:
-            per_position = views.reshape(Bt, Hq * Wq, C, ph, pw)
+            per_position = views.reshape(Bt, Hq * Wq, *views.shape[3:])
             g = per_position.index_select(1, ys * Wq + xs)
         else:
             g = views[:, ys, xs]                                   # (Bt, S, C, ph, pw)
         return list(g.split(sizes))
+
+    def window_table(self, tensors) -> "WindowTable | None":
+        """The windows at every grid position that some row's corner reaches, of `tensors`
+        stacked as `gather_many` stacks them, copied out once (Bt, positions, C, ph, pw):
+        what `gather_many(table=)` picks from for any subset of these rows. None where rows
+        do not outnumber positions (`gather_many` then indexes the view directly, no copy)."""
+        ph, pw = self.window
+        _, _, top, bottom, left, right = self._margins()
+        H, W = self.node_shape[1:]
+        Hq, Wq = H + top + bottom - ph + 1, W + left + right - pw + 1
+        if self.origin.shape[0] <= Hq * Wq:
+            return None
+        t, sizes = self._stacked(tensors)
+        if top or bottom or left or right:
+            t = F.pad(t, (left, right, top, bottom))
+        views = t.unfold(2, ph, 1).unfold(3, pw, 1).permute(0, 2, 3, 1, 4, 5)
+        return WindowTable(views.reshape(views.shape[0], Hq * Wq, *views.shape[3:]),
+                           sizes, top, left, Wq)
+
+    def _stacked(self, tensors):
+        """The tensors as one (Bt, C, H, W) stack (and each one's share of Bt)."""
+        C, H, W = self.node_shape
+        parts = []
+        for t in tensors:
+            t = torch.as_tensor(t, dtype=self.dtype, device=self.device)
+            t = t.reshape((1,) * max(0, 5 - t.dim()) + tuple(t.shape))
+            if t.dim() != 5 or t.shape[1] != 1:
+                raise ValueError(f"cannot gather a tensor of shape {tuple(t.shape)} at patches")
+            parts.append(t.expand(t.shape[0], 1, C, H, W)[:, 0])
+        sizes = [p.shape[0] for p in parts]
+        return (parts[0] if len(parts) == 1 else torch.cat(parts)), sizes
+
     def to_dense(self) -> torch.Tensor:
         """The rows as a dense (B, S, C, H, W) tensor (zeros outside the windows)."""
         B, S, C, ph, pw = self.values.shape
@@ -227,7 +265,8 @@ class Patches:
         if not isinstance(other, Patches) or other.node_shape != self.node_shape:
             return NotImplemented
         if self.window == other.window and torch.equal(self.origin, other.origin):
-            return self.with_values(self.values + other.values)
+            return self.with_values(self.values + other.values,
+                                    dirty=self.dirty or other.dirty)
         shift = other.origin - self.origin
         if shift.shape[0] == 0 or not bool((shift == shift[:1]).all()):
             return self.to_dense() + other.to_dense()   # windows not at one offset per row
@@ -250,13 +289,21 @@ class Patches:
                 if strip.numel():
                     strip += 0.0
         out = Patches(total, self.origin + torch.tensor([y0, x0], device=self.origin.device),
-                      self.node_shape)
+                      self.node_shape, self.dirty or other.dirty)
         return out.to_dense() if out.covers_grid() else out
 
     def __radd__(self, other):
         if isinstance(other, torch.Tensor):
             return other + self.to_dense()
         return NotImplemented
+
+
+class WindowTable:
+    """`Patches.window_table`'s result: windows per grid position, and how to index them."""
+
+    def __init__(self, windows, sizes, top, left, width):
+        self.windows, self.sizes = windows, sizes
+        self.top, self.left, self.width = top, left, width
 
 
 def _differentiable(*tensors) -> bool:

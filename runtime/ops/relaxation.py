@@ -155,26 +155,27 @@ class ElementwiseRelaxation(Op):
             return self._crown_patch_rows(lA, uA, lines)
         outs = [A.values.new_empty((B, *A.values.shape[1:])) for A in sides]
         biases = [[] for _ in sides]
+        table = lA.window_table(list(_line_tensors(lines).values()))    # once, not per chunk
         for s0 in range(0, S, step):
             rows = [A.with_values(A.values[:, s0:s0 + step], A.origin[s0:s0 + step])
                     for A in sides]
             (l_in,), (u_in,), l_bias, u_bias = self._crown_patch_rows(
-                rows[0], None if uA is None else rows[1], lines)
+                rows[0], None if uA is None else rows[1], lines, table)
             for out, A_in, bias, acc in zip(outs, (l_in, u_in), (l_bias, u_bias), biases):
                 out[:, s0:s0 + step] = A_in.values
                 acc.append(bias)
         biases = [None if acc[0] is None else torch.cat(acc, dim=1) for acc in biases]
-        lA_in = lA.with_values(outs[0])
+        lA_in = lA.with_values(outs[0], dirty=False)
         if uA is None:
             return [lA_in], [None], biases[0], None
-        return [lA_in], [uA.with_values(outs[1])], biases[0], biases[1]
+        return [lA_in], [uA.with_values(outs[1], dirty=False)], biases[0], biases[1]
 
-    def _crown_patch_rows(self, lA, uA, lines: Lines):
-        """`_crown_patches` on rows whose windows lie alike on both sides."""
-        names = ("lower_slope", "lower_icpt", "upper_slope", "upper_icpt")
-        full = {k: getattr(lines, k) for k in names if getattr(lines, k) is not None}
-        got = dict(zip(full, lA.gather_many(list(full.values()))))
-        g = {k: (None if k not in full else (full[k], got[k])) for k in names}
+    def _crown_patch_rows(self, lA, uA, lines: Lines, table=None):
+        """`_crown_patches` on rows whose windows lie alike on both sides (`table`: the
+        lines' windows per grid position, made once for all chunks of a step)."""
+        full = _line_tensors(lines)
+        got = dict(zip(full, lA.gather_many(list(full.values()), table=table)))
+        g = {k: (None if k not in full else (full[k], got[k])) for k in _LINE_NAMES}
         lA_in, l_bias = self._side_patches(lA, g["lower_slope"], g["lower_icpt"],
                                            g["upper_slope"], g["upper_icpt"])
         if uA is None:
@@ -230,9 +231,9 @@ class ElementwiseRelaxation(Op):
         if _differentiable(values, pos_slope[0], neg_slope[0], *(
                 line[0] for line in (pos_icpt, neg_icpt) if line is not None)) \
                 or A_in.shape != pos.shape:
-            return A.with_values(A_in + pos * step), bias
+            return A.with_values(A_in + pos * step, dirty=False), bias
         pos.mul_(step)
-        return A.with_values(A_in.add_(pos)), bias
+        return A.with_values(A_in.add_(pos), dirty=False), bias
 
     def _bias_dot(self, coef, icpt, B, S):
         flat = icpt.reshape(icpt.shape[0], icpt.shape[1], math.prod(icpt.shape[2:]))
@@ -261,6 +262,14 @@ class ElementwiseRelaxation(Op):
             n_up = self._dot(up.to(coef.dtype), ones)
         part = torch.where(n_up > 0, torch.full_like(part, math.inf), part)
         return torch.where(n_down > 0, torch.full_like(part, -math.inf), part)
+
+
+_LINE_NAMES = ("lower_slope", "lower_icpt", "upper_slope", "upper_icpt")
+
+
+def _line_tensors(lines: Lines) -> dict:
+    """The lines' tensors that exist, by name, in a fixed order."""
+    return {k: getattr(lines, k) for k in _LINE_NAMES if getattr(lines, k) is not None}
 
 
 def _differentiable(*tensors) -> bool:

@@ -62,16 +62,19 @@ class SShaped(InterceptRelaxation):
         f, df = self.f64, self.df64
         n = lo.numel()
         # The lower line of [l, u] is the upper line of the mirror [-u, -l] (f(-x) = 2 f(0)
-        # - f(x), f' even): one search on both halves, stacked.
-        a = torch.cat([lo.reshape(-1), -hi.reshape(-1)])
-        b = torch.cat([hi.reshape(-1), -lo.reshape(-1)])
-        fa, fb = f(a), f(b)
+        # - f(x), f' even): one search on both halves, stacked. Every evaluation of f (and
+        # of f') at once on one stacked tensor: fewer calls, the same bits per element.
+        ab = torch.cat([lo.reshape(-1), -hi.reshape(-1), hi.reshape(-1), -lo.reshape(-1)])
+        a, b = ab[:2 * n], ab[2 * n:]
+        fab = f(ab)
+        fa, fb = fab[:2 * n], fab[2 * n:]
         chord = (fb[:n] - fa[:n]) / (b[:n] - a[:n])
-        mid = df((lo + hi) / 2).reshape(-1)
+        d_mb = df(torch.cat([((lo + hi) / 2).reshape(-1), b]))
+        mid, db = d_mb[:n], d_mb[n:]
         m = (a + b) / 2
         slope = self.far_tangent_slope64(a, m, fa, torch.cat([mid, mid]))
         # the chord where it is itself sound: the tangent at u passes above (l, f(l))
-        chord_ok = fb + df(b) * (a - b) - fa <= 0
+        chord_ok = fb + db * (a - b) - fa <= 0
         mixed = torch.where(chord_ok, torch.cat([chord, chord]), slope)
         mixed_up, mixed_low = mixed[:n].view_as(lo), mixed[n:].view_as(lo)
         chord, mid = chord.view_as(lo), mid.view_as(lo)

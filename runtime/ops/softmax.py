@@ -210,12 +210,7 @@ class _SoftmaxFamily(Op):
         lo, hi = in_bounds[0]
         # Every backward pass through this node in one bound computation meets the same
         # bound tensors: their lines are made once (kept with the tensors they came from).
-        cached = getattr(self, "_lines_of", None)
-        if cached is not None and cached[0] is lo and cached[1] is hi:
-            aL, cL, aU, cU = cached[2]
-        else:
-            aL, cL, aU, cU = self.lines(lo, hi)
-            self._lines_of = (lo, hi, (aL, cL, aU, cU))
+        aL, cL, aU, cU = self.memo("_lines_memo").get((lo, hi), lambda: self.lines(lo, hi))
         lA_in, l_bias = self._side(lA, aL, cL, aU, cU, -math.inf)
         if uA is None:
             return [lA_in], [None], l_bias, None

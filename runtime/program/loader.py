@@ -15,6 +15,7 @@ import os
 
 import torch
 
+from shardbound.runtime.program.grad_mode import outside_inference_mode
 from shardbound.runtime.program.boxes import as_boxes
 from shardbound.runtime.program.plan_check import (check_nodes, check_plan, check_program,
                                                    check_weights)
@@ -44,6 +45,7 @@ class Verifier:
     def output_shape(self):
         return self.network.output_shape
 
+    @outside_inference_mode
     def forward(self, x) -> torch.Tensor:
         """f(x) for one input (flattened or shaped; returns the flattened output) or a batch."""
         x = torch.as_tensor(x, dtype=torch.float32)
@@ -53,6 +55,7 @@ class Verifier:
             y = self.network.forward(x.reshape(-1, *n).to(self.network.device)).cpu()
         return y.reshape(-1) if single else y
 
+    @outside_inference_mode
     def bounds(self, lower, upper, C=None, method: str | None = None):
         """Bounds of C @ f(x) (default C: identity) over the box(es).
 
@@ -143,12 +146,14 @@ def load(directory: str, summation: str | None = None, comm=None,
     """Load the compiled program in `directory`. `comm` is the process group of a sharded run
     (default: one process); in fsdp mode each rank then reads only its parameter slices.
     `memory_budget` (bytes per rank; default: the budget the program was planned for, if
-    any) makes the ledger stop any run that would pass it (runtime/accounting/guard.py)."""
+    any; 0, `--memory-budget none`: no budget) makes the ledger stop any run that would pass
+    it (runtime/accounting/guard.py)."""
     plan = read_plan(directory)
     module = import_program(directory)
     check_program(plan, module, directory)
     comm = comm or SingleComm()
     budget = memory_budget if memory_budget is not None else plan.get("memory_budget_bytes")
+    budget = None if memory_budget == 0 else budget         # --memory-budget none
     ledger = MemoryLedger(budget=_positive_int(budget, "memory_budget_bytes"))
     weights = os.path.join(directory, "weights.safetensors")
     mode = module.MODE                  # checked against plan.json above
@@ -173,6 +178,8 @@ def load(directory: str, summation: str | None = None, comm=None,
     network.rows = RowSplit(comm, enabled=mode == "fsdp" and network.order != "fast")
     network.row_tile = _positive_int(plan.get("row_tile"), "row_tile")
     network.bab_batch = _positive_int(plan.get("bab_batch"), "bab_batch")
+    # --memory-budget none: no default budget either (runtime/verification/batch_memory.py)
+    network.default_budget = memory_budget != 0
     network.memory_setup = {"fsdp": mode == "fsdp", "stream_chunk_bytes": stream_chunk_bytes(plan),
                             "tp": mode == "tp"}
     return Verifier(network, plan, directory, module.METHOD)

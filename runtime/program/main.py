@@ -106,7 +106,7 @@ def _rank_argv(args) -> tuple[list[str], float | None]:
     if args.method:
         argv += ["--method", args.method]
     if args.memory_budget is not None:
-        argv += ["--memory-budget", str(args.memory_budget)]
+        argv += ["--memory-budget", str(args.memory_budget or "none")]   # 0: none
     if args.soundness != "default":
         argv += ["--soundness", args.soundness]
     if args.quiet:

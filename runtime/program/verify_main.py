@@ -126,6 +126,19 @@ def read_prelude(path: str) -> list:
         return []
 
 
+def read_budget_plan(path: str) -> dict | None:
+    """The memory plan `shardbound verify` wrote into the spec file (its budget, the budget's
+    source and what it chose: the --json report's `plan`); None for a spec without one."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            plan = json.load(f).get("plan")
+        return plan if isinstance(plan, dict) else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def run_verify_rank(directory: str, args) -> int:
     import os
 
@@ -177,6 +190,9 @@ def run_verify_rank(directory: str, args) -> int:
                          "summation": verifier.plan["summation"],
                          "soundness": args.soundness,
                          "verify_seconds": round(result.seconds, 6)}
+                plan = read_budget_plan(args.verify)
+                if plan is not None:
+                    extra["plan"] = plan
                 write_output(args.json, report_json(
                     result.verdict, spec.source, since, result.records, result.decided,
                     len(spec.cases), result.x, result.y, extra))

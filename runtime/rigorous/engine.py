@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from shardbound.runtime.errors import ShardboundError
@@ -99,9 +100,11 @@ class RigorousBounds:
 
     @staticmethod
     def outward(lower, upper):
-        lo = torch.as_tensor(lower, dtype=DT)
-        hi = torch.as_tensor(upper, dtype=DT)
-        return down(lo), up(hi)
+        def as64(v):        # a copy: the spec's arrays are read-only
+            if isinstance(v, torch.Tensor):
+                return v.to(DT)
+            return torch.from_numpy(np.array(v, dtype=np.float64))
+        return down(as64(lower)), up(as64(upper))
 
     # -- bounds --------------------------------------------------------------------------------
     def _backward(self, target: str, L0: torch.Tensor, bounds, lo, hi, alphas=None,
@@ -191,9 +194,51 @@ class RigorousBounds:
             new_h[:, rows] = torch.minimum(new_h[:, rows], -c[:, len(rows):])
         return new_l.reshape(l.shape), new_h.reshape(h.shape)
 
-    def all_bounds(self, lo, hi, splits=None):
+    def _alpha_node_bounds(self, n, bounds, lo, hi, index, alphas):
+        """n's bounds intersected with the backward passes of its neurons `index` (rows z_i,
+        then -z_i) with the given relaxation parameters (op name -> (B, 2 len(index), ...)):
+        full alpha-CROWN's intermediate passes, re-evaluated (any feasible alpha is sound)."""
+        l, h = bounds[n.name]
+        B = l.shape[0]
+        new_l, new_h = l.reshape(B, -1).clone(), h.reshape(B, -1).clone()
+        M, k = new_l.shape[1], len(index)
+        for at in range(0, k, self.row_chunk):
+            rows = index[at:at + self.row_chunk]
+            r = len(rows)
+            eye = torch.zeros(r, M, dtype=DT)
+            eye[torch.arange(r), rows] = 1.0
+            L0 = torch.cat([eye, -eye]).unsqueeze(0).expand(B, -1, -1).reshape(B, 2 * r, *n.shape)
+            al = {name: torch.cat([a[:, at:at + r], a[:, k + at:k + at + r]], dim=1)
+                  for name, a in alphas.items()}
+            c = self._backward(n.name, L0, bounds, lo, hi, al)
+            new_l[:, rows] = torch.maximum(new_l[:, rows], c[:, :r])
+            new_h[:, rows] = torch.minimum(new_h[:, rows], -c[:, r:])
+        return new_l.reshape(l.shape), new_h.reshape(h.shape)
+
+    @staticmethod
+    def _restrict(name, bound, prior, splits, cuts):
+        """A node's bounds intersected with what is known to hold on the domain: `prior`
+        (bounds of the whole box, rigorous), `cuts` (interval splits: the domain assumes
+        the neuron in [a, b]) and `splits` (sign splits, as clamps at 0)."""
+        l, h = bound
+        for known in (prior, cuts):
+            if known is not None and name in known:
+                pl, ph = known[name]
+                l = torch.maximum(l, pl.to("cpu", DT).reshape(-1, *l.shape[1:]))
+                h = torch.minimum(h, ph.to("cpu", DT).reshape(-1, *h.shape[1:]))
+        if splits is not None and name in splits:
+            s = splits[name].to("cpu")
+            l, h = torch.where(s > 0, l.clamp(min=0), l), torch.where(s < 0, h.clamp(max=0), h)
+        return l, h
+
+    def all_bounds(self, lo, hi, splits=None, prior=None, cuts=None, node_alphas=None):
         """Rigorous bounds of every node over the boxes lo, hi (B, n) float64 (already
-        outward), with ReLU split assumptions applied (name of a ReLU input -> int8 (B, *shape))."""
+        outward), with ReLU split assumptions applied (name of a ReLU input -> int8 (B,
+        *shape)), interval splits `cuts` (node -> (a, b) (B, *shape): the domain assumes a
+        <= z <= b) and `prior` (node -> rigorous bounds over the whole box, (1, *shape))
+        intersected in before the node is bounded by CROWN (fewer inexact neurons).
+        `node_alphas` (node -> (neuron indices, {op: alphas})): full alpha-CROWN's
+        intermediate passes, re-evaluated beside plain CROWN (both bounds hold)."""
         B = lo.shape[0]
         bounds = {}
         self._delta = {}
@@ -207,20 +252,25 @@ class RigorousBounds:
             if self.float32:
                 mags = [torch.maximum(a.abs(), b.abs()) for a, b in ins]
                 self._delta[n.name] = n.f32_delta(mags, bounds[n.name])
+            bounds[n.name] = self._restrict(n.name, bounds[n.name], prior, splits, cuts)
             if n.name in self.crown_nodes:
                 bounds[n.name] = self._node_bounds(n, bounds, lo, hi)
-            if splits is not None and n.name in splits:
-                s = splits[n.name].to("cpu")
-                l, h = bounds[n.name]
-                bounds[n.name] = (torch.where(s > 0, l.clamp(min=0), l),
-                                  torch.where(s < 0, h.clamp(max=0), h))
+            if node_alphas and n.name in node_alphas:
+                index, alphas = node_alphas[n.name]
+                alphas = {k: a.detach().to("cpu", DT) for k, a in alphas.items()}
+                bounds[n.name] = self._alpha_node_bounds(n, bounds, lo, hi,
+                                                         index.to("cpu"), alphas)
         return bounds
 
-    def spec_lower(self, lo, hi, C, splits=None, lagrangian=None) -> torch.Tensor:
+    def spec_lower(self, lo, hi, C, splits=None, lagrangian=None, prior=None, cuts=None,
+                   node_alphas=None, both=False) -> torch.Tensor:
         """(B, S) rigorous lower bounds of C . f(x) (C (S, n_out) float64) over each box;
         +inf for a box that the split assumptions leave empty. `lagrangian` = (alphas, betas):
         the final pass's relaxation parameters (op name -> (B, S, ...)) and split multipliers
-        (split node -> (B, S, *shape), >= 0; their split signs from `splits`)."""
+        (split node -> (B, S, *shape), >= 0; their split signs from `splits`). prior, cuts,
+        node_alphas: see `all_bounds`. `both`: with a lagrangian, the plain CROWN pass too
+        (each row keeps the larger; both hold). The node bounds used are left in
+        `self.last_bounds`."""
         lo = lo.to(DT).reshape(lo.shape[0], -1)
         hi = hi.to(DT).reshape(hi.shape[0], -1)
         B = lo.shape[0]
@@ -228,14 +278,19 @@ class RigorousBounds:
         alphas = extra = None
         if lagrangian is not None:
             alphas, betas = lagrangian
+            # the engine's parameters may live on a GPU: the rigorous bounds are on the CPU
+            alphas = {k: a.detach().to("cpu", DT) for k, a in (alphas or {}).items()}
             extra = {}
             for name, beta in (betas or {}).items():
                 s = splits[name].to("cpu", DT).unsqueeze(1)
                 extra[name] = -(beta.detach().to("cpu", DT).clamp(min=0) * s)
         with torch.no_grad():
-            bounds = self.all_bounds(lo, hi, splits)
+            bounds = self.all_bounds(lo, hi, splits, prior, cuts, node_alphas)
+            self.last_bounds = bounds
             L0 = C.unsqueeze(0).expand(B, -1, -1).reshape(B, C.shape[0], *self.output.shape)
             lb = self._backward(self.output.name, L0, bounds, lo, hi, alphas, extra)
+            if both and lagrangian is not None:
+                lb = torch.maximum(lb, self._backward(self.output.name, L0, bounds, lo, hi))
             ol, oh = bounds[self.output.name]
             sel = torch.where(C.unsqueeze(0) >= 0, ol.reshape(B, 1, -1), oh.reshape(B, 1, -1))
             lb = torch.maximum(lb, dot_lower(C.unsqueeze(0).expand(B, -1, -1), sel))
@@ -244,13 +299,15 @@ class RigorousBounds:
                 empty |= (l > h).reshape(B, -1).any(dim=1)
         return torch.where(empty.unsqueeze(1), torch.full_like(lb, math.inf), lb)
 
-    def refuted(self, lo, hi, C, d, owner, n_conj, splits=None, lagrangian=None) -> torch.Tensor:
-        """(B,) bool: every conjunction has a row whose rigorous lower bound is > d."""
+    def refuted(self, lo, hi, C, d, owner, n_conj, splits=None, lagrangian=None, **given
+                ) -> torch.Tensor:
+        """(B,) bool: every conjunction has a row whose rigorous lower bound is > d (`given`:
+        spec_lower's prior, cuts, node_alphas, both)."""
         import numpy as np
 
         from shardbound.runtime.verification.input_split import refuted_conjunctions
 
-        lb = self.spec_lower(lo, hi, C, splits, lagrangian)
+        lb = self.spec_lower(lo, hi, C, splits, lagrangian, **given)
         # d as read is the float64 nearest a decimal: compare with the next float64 above it
         d_up = np.nextafter(np.asarray(d, np.float64), np.inf)
         return refuted_conjunctions(lb, d_up, owner, n_conj).all(dim=1)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+BATCH = 512               # boxes bounded per step (verdict: fewer where they do not fit)
 MAX_DOMAINS = 400_000
 WIDTH_RATIO = 64         # see _candidates
 KEPT_BOUNDS_BYTES = 1 << 30      # open domains keep their intermediate bounds: cap the total
@@ -161,7 +162,7 @@ def _candidates(key, los, his, root_width):
 
 
 def input_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violation,
-                batch: int = 512, progress=None, attack=None, attack_domains: int = 4,
+                batch: int = BATCH, progress=None, attack=None, attack_domains: int = 4,
                 root_prior=None, stop=None, certify=None,
                 attack_every: int = ATTACK_EVERY) -> BabResult:
     """Prove or refute {x in [lo, hi]: some conjunction of C f(x) <= d} by input splitting.

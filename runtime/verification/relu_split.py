@@ -47,6 +47,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from shardbound.runtime.verification.batch_memory import batch_for_memory, memory_figure
+from shardbound.runtime.verification.certificate import certified, cut_dict, no_cuts
 from shardbound.runtime.verification.falsify import split_pgd
 from shardbound.runtime.verification.input_split import closeness, refuted_conjunctions
 from shardbound.runtime.engine.beta import DEFAULT_ITERATIONS, beta_crown
@@ -55,9 +57,6 @@ MAX_DOMAINS = 50_000      # each keeps its parent's intermediate bounds: ~8 byte
 ATTACK_DOMAINS = 2        # open domains per round attacked by `split_pgd` (the most violated)
 ATTACK_SHARE = 0.15       # of branch and bound's time, at most, spent in those attacks
 ATTACK_STEPS = 30
-BAB_MEMORY_BYTES = 2 << 30      # at most this much for one batch of domains (memory_figure)
-BETA_MEMORY_FACTOR = 4          # beta-CROWN's round against one CROWN pass (batch_for_memory)
-MIN_BATCH, MAX_BATCH = 8, 128   # domains per batch
 FSB_CANDIDATES = 3        # filtered smart branching: BaBSR's top k, judged by a one-step bound
 KEPT_ALPHA_BYTES = 256 << 20   # the warm-start alphas of open domains (see WarmAlphas)
 BETA_KEY = "beta:"       # warm starts keep each split node's betas under this prefix
@@ -87,8 +86,12 @@ def _slack_scores(network, ops, split_A, known, open_rows, n_sign: int) -> torch
         else:
             slack = op.interval_slack(lo, hi).reshape(b, -1)
             unstable = slack > 0
-        A = split_A[op.name].reshape(b, open_rows.shape[1], -1)
-        weight = (A.abs() * open_rows.unsqueeze(-1)).sum(dim=1)
+        A = split_A.get(op.name)            # absent: no A reached the op (a discrete op)
+        if A is None:
+            weight = torch.zeros_like(slack)
+        else:
+            A = A.reshape(b, open_rows.shape[1], -1)
+            weight = (A.abs() * open_rows.unsqueeze(-1)).sum(dim=1)
         # A tiny share of the slack alone breaks ties among neurons the spec rows ignore.
         score = (weight + 1e-6) * slack
         score = torch.where(unstable, score, torch.full_like(score, -1.0))
@@ -144,42 +147,6 @@ def _fsb_choice(network, relus, names, offsets, known, ibp, lo_flat, hi_flat, C,
     return order[torch.arange(b), pick]
 
 
-def memory_figure(network) -> int:
-    """Bytes branch and bound may use for one batch: a quarter of the available memory of
-    the network's device (MemAvailable on the CPU, cudaMemGetInfo's free on a GPU), at most
-    BAB_MEMORY_BYTES; each rank of a job takes its own share of the machine."""
-    free = None
-    try:
-        if network.device.type == "cuda":
-            free = torch.cuda.mem_get_info(network.device)[0]
-        else:
-            with open("/proc/meminfo", encoding="ascii") as f:
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        free = int(line.split()[1]) * 1024
-    except (OSError, RuntimeError, ValueError):
-        free = None
-    world = network.tp.comm.world if network.tp is not None else 1
-    return min(BAB_MEMORY_BYTES, (free or BAB_MEMORY_BYTES) // (4 * world))
-
-
-def batch_for_memory(network, rows: int, budget_bytes: int, agree=lambda f: f) -> int:
-    """Domains per batch (a power of two in [MIN_BATCH, MAX_BATCH]) whose beta-CROWN round
-    fits `budget_bytes`: the memory model's CROWN peak per box (`predict_peak` at batch 1
-    and 2: its slope) for `rows` spec rows, times BETA_MEMORY_FACTOR for autograd's saved
-    A-matrices and the alphas with their Adam moments. Doubling stops as soon as one rank's
-    budget is reached (`agree`: a flag OR-ed over ranks), so every rank takes the same."""
-    from shardbound.runtime.accounting.memory_model import network_shapes, predict_peak
-    shapes = network_shapes(network)
-    one, two = (predict_peak(shapes, network.output.name, 1, batch=b, spec_rows=rows)
-                ["peak_tracked_bytes"] for b in (1, 2))
-    per_box = max(two - one, 1) * BETA_MEMORY_FACTOR
-    b = MIN_BATCH
-    while 2 * b <= MAX_BATCH and not agree(one + 2 * b * per_box > budget_bytes):
-        b *= 2
-    return b
-
-
 def split_ops(network) -> list:
     """The splittable ops, one per input node (two ops reading one node share its splits)."""
     seen, ops = set(), []
@@ -213,11 +180,15 @@ def _flat_bounds(bounds, names, b) -> torch.Tensor:
 
 
 def _optimise(network, ibp, known, lo, hi, C, splits, lb, which, iterations, stop=None,
-              warm=None, betas=None):
+              warm=None, betas=None, best=None):
     """(lb with the rows of the domains in `which` raised by beta-CROWN, their indices, their
     input A-matrices from beta-CROWN or None, their alphas after the optimisation).
-    warm: (alphas of the batch's domains, (B,) bool: which have them) to start from.
-    betas: a dict that receives their split multipliers (beta_crown's `beta_out`)."""
+    warm: (alphas of the batch's domains, and their betas under BETA_KEY + split node,
+    (B,) bool: which have them) to start from.
+    betas: a dict that receives the last iterate's split multipliers (beta_crown's
+    `beta_out`: the children's warm start).
+    best: a dict that receives the alphas and betas behind each row's bound (beta_crown's
+    `best_out`: the Lagrangian the certificate re-evaluates)."""
     idx = torch.nonzero(which).reshape(-1)
     dev_idx = idx.to(lo.device)
     pick = lambda t: t.index_select(0, dev_idx)                                # noqa: E731
@@ -234,40 +205,10 @@ def _optimise(network, ibp, known, lo, hi, C, splits, lb, which, iterations, sto
                                 {k: pick(v) for k, v in splits.items()},
                                 lb.index_select(0, idx).to(lo.device), iterations, stop=stop,
                                 alpha_start=start, alpha_out=alphas, beta_out=betas,
-                                beta_start=beta_start)
+                                beta_start=beta_start, best_out=best)
     out = lb.clone()
     out[idx] = torch.maximum(out[idx], better.cpu())
     return out, idx, (None if lA is None else lA.cpu()), alphas
-
-
-def _certified(certify, done, blo, bhi, splits, lagrangian, rows: int) -> torch.Tensor:
-    """(B,) bool: the `done` domains the rigorous bounds prove (--soundness real/float32).
-    Those beta-CROWN bounded are certified with its alphas and betas (its Lagrangian, which
-    holds for any of them), the others by rigorous CROWN with the splits as clamps."""
-    take = len(done)
-    ok = torch.zeros(take, dtype=torch.bool)
-    by_beta = torch.zeros(take, dtype=torch.bool)
-    pos = torch.full((take,), -1, dtype=torch.long)
-    if lagrangian is not None:
-        idx, alphas, betas = lagrangian
-        params = list(alphas.values()) + list(betas.values())
-        if all(p.shape[1] == rows for p in params):    # not row-sharded: every row's own
-            by_beta[idx] = True
-            pos[idx] = torch.arange(len(idx))
-    for group in (done & ~by_beta, done & by_beta):
-        if not bool(group.any()):
-            continue
-        g = group.to(blo.device)
-        sub = {k: v[group.to(v.device)] for k, v in splits.items()}
-        extra = None
-        if bool(by_beta[group].all()):
-            at = pos[group]
-            extra = ({k: v[at.to(v.device)] for k, v in alphas.items()},
-                     {k: v[at.to(v.device)] for k, v in betas.items()})
-        n = int(group.sum())
-        ok[group] = certify(blo[g].reshape(n, -1).cpu(), bhi[g].reshape(n, -1).cpu(), sub,
-                            extra)
-    return ok
 
 
 class WarmAlphas:
@@ -355,12 +296,18 @@ def _proof_out_of_reach(verified: float, since: tuple[float, float], deadline: f
     return verified + rate * (deadline - now) < 1.0
 
 
-def _interval_children(ops, n_sign, offsets, local, ranges, kb, best, chosen):
+def _interval_children(ops, n_sign, offsets, local, ranges, kb, best, chosen, cuts=None):
     """The two children's bounds (n, 2, local neurons) of domains whose bounds are `kb`: a
     copy of kb where a domain is split by sign, and where it is split on an interval (`chosen`:
     global neuron `best` of an interval-split op) [l, p] in the first child and [p, u] in the
-    second, p the op's split point. A tp rank changes only the neurons it holds."""
+    second, p the op's split point. A tp rank changes only the neurons it holds. With `cuts`
+    (the parents' interval assumptions, same layout; -inf / inf where none), also the
+    children's: the first assumes z <= p, the second z >= p (the certificate's constraints,
+    apart from the computed bounds)."""
     below, above = kb.clone(), kb.clone()
+    cut_below = cut_above = None
+    if cuts is not None:
+        cut_below, cut_above = cuts.clone(), cuts.clone()
     for i in range(n_sign, len(ops)):
         start, stop, _ = ranges[i]
         g = best - int(offsets[i])
@@ -373,6 +320,11 @@ def _interval_children(ops, n_sign, offsets, local, ranges, kb, best, chosen):
         p = ops[i].split_point(lo, hi)
         below[rows, 1, at] = p
         above[rows, 0, at] = p
+        if cuts is not None:
+            cut_below[rows, 1, at] = torch.minimum(cut_below[rows, 1, at], p)
+            cut_above[rows, 0, at] = torch.maximum(cut_above[rows, 0, at], p)
+    if cuts is not None:
+        return below, above, cut_below, cut_above
     return below, above
 
 
@@ -428,6 +380,10 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
     bounds = None                       # (N, 2, local neurons): parents' intermediate bounds
     if root_prior is not None and all(name in root_prior for name in names):
         bounds = _flat_bounds(root_prior, names, 1)
+    # --soundness real/float32 with interval splits: what each domain assumes of the split
+    # neurons (same layout; -inf / inf: nothing), apart from its computed bounds, which the
+    # certificate does not take from the float32 engine.
+    cuts = no_cuts(int(local[-1])) if certify is not None and n_sign < len(relus) else None
     depth = torch.zeros(1, dtype=torch.float64)
     key = torch.zeros(1, dtype=torch.float64)   # the parent's margin: most violated first
     store = WarmAlphas(KEPT_ALPHA_BYTES if warm_start else 0)
@@ -453,12 +409,14 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
             final = agree(_proof_out_of_reach(verified, midway or (start, 0.0), deadline))
             final_at = math.inf         # decided once
         take = min(batch, len(stack))
-        _swap_((stack, depth, key, warm, has, bounds), *_best_to_tail(key, take))
+        _swap_((stack, depth, key, warm, has, bounds, cuts), *_best_to_tail(key, take))
         dom, ddepth = stack[-take:], depth[-take:]
         bwarm, bhas = warm[-take:], has[-take:]
         stack, depth, key = stack[:-take], depth[:-take], key[:-take]
         warm, has = warm[:-take], has[:-take]
-        prior = None
+        prior = bcuts = None
+        if cuts is not None:
+            bcuts, cuts = cuts[-take:], cuts[:-take]
         if bounds is not None:
             pb, bounds = bounds[-take:].to(dev), bounds[:-take]
             prior = {name: (pb[:, 0, local[i]:local[i + 1]].reshape(take, *relus[i].shape),
@@ -489,11 +447,12 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         if not final and iterations > 0 and bool((~(refuted.all(dim=1) | empty)).any()):
             start_alphas = ((store.unflatten(bwarm, dev), bhas)
                             if store.on and bool(bhas.any()) else None)
-            betas = {}
+            betas, best = {}, ({} if certify is not None else None)
             lb, idx, beta_lA, alphas = _optimise(network, ibp, known, blo, bhi, Cd, splits, lb,
                                                  ~(refuted.all(dim=1) | empty), iterations,
-                                                 stop, start_alphas, betas)
-            lagrangian = (idx, alphas, betas)
+                                                 stop, start_alphas, betas, best)
+            if best:        # the parameters of each row's best iterate, not the last
+                lagrangian = (idx, best["alphas"], best["betas"])
             if store.on and alphas:
                 kept = dict(alphas)
                 if warm_betas:
@@ -507,7 +466,8 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
                 lA[idx] = beta_lA.reshape(len(idx), C.shape[0], -1)
         done = refuted.all(dim=1) | empty
         if certify is not None and bool(done.any()):
-            ok = _certified(certify, done, blo, bhi, splits, lagrangian, C.shape[0])
+            cut = None if bcuts is None else cut_dict(bcuts, relus, names, local, n_sign)
+            ok = certified(certify, done, blo, bhi, splits, lagrangian, C.shape[0], cut)
             refuted[done & ~ok] = False                 # not proved: open, every row
             done = done & ok
         verified += float(torch.pow(0.5, ddepth[done]).sum())
@@ -578,8 +538,14 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         active, inactive = odom.clone(), odom.clone()
         active[rows[sign], best[sign]] = 1
         inactive[rows[sign], best[sign]] = -1
-        below, above = _interval_children(relus, n_sign, offsets, local, ranges, okb,
-                                          best, ~sign)
+        if cuts is not None:
+            below, above, cut_below, cut_above = _interval_children(
+                relus, n_sign, offsets, local, ranges, okb, best, ~sign,
+                bcuts[open_][splittable])
+            cuts = torch.cat([cuts, cut_below, cut_above])
+        else:
+            below, above = _interval_children(relus, n_sign, offsets, local, ranges, okb,
+                                              best, ~sign)
         stack = torch.cat([stack, inactive, active])
         depth = torch.cat([depth, odepth + 1, odepth + 1])
         key = torch.cat([key, oclose, oclose])

@@ -27,10 +27,13 @@ from shardbound.runtime.engine.split_refine import needs_refinement, refine_by_s
 from shardbound.runtime.errors import ShardboundError
 from shardbound.runtime.verification.attack import pgd
 from shardbound.runtime.verification.budget import Budget, BudgetExhausted
+from shardbound.runtime.verification.batch_memory import input_batch_for_memory
+from shardbound.runtime.verification.input_split import BATCH as INPUT_SPLIT_BATCH
 from shardbound.runtime.verification.input_split import input_split, refuted_conjunctions
 from shardbound.runtime.verification.relu_split import can_split, relu_split
 from shardbound.runtime.verification.stages import StageLog
 from shardbound.runtime.verification.spec import Spec, SpecCase, inside_box, outward_box, violated_conjunctions
+from shardbound.runtime.program.grad_mode import outside_inference_mode
 
 FIRST_TRY_SHARE = 0.1    # of the time left: ReLU branch and bound before split refinement
 REFINE_SHARE = 0.25      # of the time left, at most, for split refinement of the root prior
@@ -65,6 +68,8 @@ class _CaseRunner:
         self.soundness = soundness
         self.rig = rigorous          # RigorousBounds: float64 forward, and certificates
         self._whole_box = None       # the rigorous verdict on the whole box, once
+        self._replay = None          # full alpha-CROWN's parameters, for the root certificate
+        self._root = None            # (proved, rigorous bounds of every node) on the whole box
         self.case = case
         self.budget = budget
         self.deadline = budget.deadline if budget.deadline is not None else float("inf")
@@ -155,16 +160,40 @@ class _CaseRunner:
             self._whole_box = not self.agree(not bool(ok[0]))
         return self._whole_box
 
-    def certify(self):
-        """For branch and bound in --soundness real/float32: (los, his, splits, lagrangian) ->
-        (B,) bool, the domains the rigorous bounds prove (lagrangian: beta-CROWN's (alphas,
-        betas) for those domains, or None); None in default mode."""
-        if self.rig is None or self.soundness == "default":
-            return None
+    @property
+    def rigorous(self) -> bool:
+        return self.rig is not None and self.soundness != "default"
 
-        def certify(los, his, splits=None, lagrangian=None):
+    def root_certificate(self):
+        """--soundness real/float32 after full alpha-CROWN: (the whole box proved, the rigorous
+        bounds of every node over it), once per case. Full alpha-CROWN's own parameters are
+        re-evaluated under the error account (`replay`: each start node's intermediate
+        alphas, then the final pass's, beside plain CROWN's; any alpha in range gives a
+        bound), so its root proof is certified as it was found, and the node bounds become
+        the prior of every branch-and-bound leaf's certificate (they hold on the whole box)."""
+        if self._root is None:
+            replay = self._replay or {}
+            lo, hi = self.rig.outward(self.case.lower.reshape(1, -1),
+                                      self.case.upper.reshape(1, -1))
+            final = replay.get("final")
+            ok = self.rig.refuted(lo, hi, self.C64, self.d, self.owner, self.n_conj,
+                                  lagrangian=(final, None) if final else None,
+                                  node_alphas=replay.get("nodes"), both=True)
+            self._root = (not self.agree(not bool(ok[0])), self.rig.last_bounds)
+        return self._root
+
+    def certify(self):
+        """For branch and bound in --soundness real/float32: (los, his, splits, lagrangian,
+        cuts) -> (B,) bool, the domains the rigorous bounds prove (lagrangian: beta-CROWN's
+        (alphas, betas) for those domains, or None; cuts: the interval splits' bounds, or
+        None), with the root certificate's bounds as the prior; None in default mode."""
+        if not self.rigorous:
+            return None
+        prior = self.root_certificate()[1] if self._replay is not None else None
+
+        def certify(los, his, splits=None, lagrangian=None, cuts=None):
             ok = self.rig.refuted(los, his, self.C64, self.d, self.owner, self.n_conj, splits,
-                                  lagrangian)
+                                  lagrangian, prior=prior, cuts=cuts)
             # every rank closes the same domains (float64 bits could differ across ranks
             # only on different machines; one collective makes it certain)
             not_ok = self.comm.all_reduce_max((~ok).to(torch.float32)) > 0
@@ -182,10 +211,12 @@ class _CaseRunner:
         bounds of `cache` (ibp, known)."""
         self.budget.check()
         self.start("input-split")
+        # as many boxes per step as fit the default budget (runtime/verification/batch_memory.py)
+        batch = input_batch_for_memory(self.net, self.C.shape[0], INPUT_SPLIT_BATCH, self.agree)
         res = input_split(self.net, self.C, self.d, self.owner, self.lo, self.hi,
                           self.deadline, self.agree, self.is_violation, progress=self.progress,
                           attack=self.domain_attack, root_prior=cache[1], stop=self.budget,
-                          certify=self.certify())
+                          certify=self.certify(), batch=batch)
         self.progress.done()
         if res.verdict == "sat":
             return "sat", self.confirm(res.x)
@@ -258,10 +289,11 @@ class _CaseRunner:
         # Full alpha-CROWN; its tightened intermediate bounds are branch and bound's root prior.
         budget.check()
         self.start("alpha-crown")
-        lb, prior = root_bounds(self.net, lo, hi, C_dev, cache, stop=budget)
+        self._replay = {} if self.rigorous else None
+        lb, prior = root_bounds(self.net, lo, hi, C_dev, cache, stop=budget, replay=self._replay)
         cache = (cache[0], prior)
         lb = lb.cpu()
-        if self.refuted(lb) and self.certified():
+        if self.refuted(lb) and (not self.rigorous or self.root_certificate()[0]):
             return "unsat", None
         budget.check()
         self.start("attack-strong")
@@ -335,6 +367,7 @@ def rigorous_for(network, soundness: str):
     return RigorousBounds(network, "real")
 
 
+@outside_inference_mode
 def verify(verifier, spec: Spec, timeout_s: float, comm, quiet: bool = True,
            deadline: float | None = None, stages: StageLog | None = None,
            soundness: str = "default") -> Result:
