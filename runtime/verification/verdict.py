@@ -313,9 +313,10 @@ class _CaseRunner:
             if needs_refinement(self.net, prior):
                 # A first try on the root prior as it is, in FIRST_TRY_SHARE of the time left:
                 # the easy instances end here, without paying for split refinement; the
-                # others start again from the refined prior (the first tree is dropped).
+                # others continue the first try's tree under the refined prior (its open
+                # domains' bounds intersected with it; proved domains stay proved).
                 until = time.monotonic() + FIRST_TRY_SHARE * budget.remaining()
-                res = bab(prior, final_share=0.0,
+                res = bab(prior, final_share=0.0, keep_state=True,
                           stop=lambda: budget.expired() or self.agree(time.monotonic() > until))
                 self.progress.done()
                 if res.verdict != "timeout" or budget.expired():
@@ -324,7 +325,9 @@ class _CaseRunner:
                 prior = self.refine_prior(lo, hi, prior)
                 budget.check()
                 self.start("relu-split")
-            res = bab(prior, stop=budget)
+                res = bab(prior, stop=budget, resume=res.state)
+            else:
+                res = bab(prior, stop=budget)
             self.progress.done()
             return self._bab_answer(res)
         return ("timeout" if budget.expired() else "unknown"), None
