@@ -12,6 +12,7 @@ the kept alphas and betas are only where the optimiser starts (any start is soun
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +28,7 @@ class BabState:
     has: torch.Tensor               # (N,) bool: which domains have them
     bounds: torch.Tensor | None     # (N, 2, local neurons): carried intermediate bounds
     cuts: torch.Tensor | None       # interval assumptions (--soundness real/float32), or None
-    store: object                   # the WarmAlphas that holds the layout of `warm`
+    store: WarmAlphas               # holds the layout of `warm`
     bounded: int                    # domains bounded so far
     verified: float                 # proved share of the tree
     unresolved: int                 # open leaves with nothing left to split, set aside
@@ -42,3 +43,34 @@ def tightened(bounds: torch.Tensor | None, prior: torch.Tensor, n: int) -> torch
         return prior.expand(n, -1, -1).clone()
     return torch.stack([torch.maximum(bounds[:, 0], prior[:, 0]),
                         torch.minimum(bounds[:, 1], prior[:, 1])], dim=1)
+
+
+class WarmAlphas:
+    """Optimised alphas kept per open domain (flattened, on the CPU), so that children start
+    beta-CROWN from their parent's slopes. Capped at `cap_bytes` in all: past that, warm
+    starts stop for the rest of the run (children start from CROWN's slopes, as the root)."""
+
+    def __init__(self, cap_bytes: int):
+        self.cap = cap_bytes
+        self.layout = None          # [(op name, shape after the batch dimension)]
+        self.on = True
+
+    def flatten(self, alphas: dict, b: int) -> torch.Tensor:
+        if self.layout is None:
+            self.layout = [(k, tuple(v.shape[1:])) for k, v in alphas.items()]
+        return torch.cat([alphas[k].reshape(b, -1).cpu() for k, _ in self.layout], dim=1)
+
+    def unflatten(self, flat: torch.Tensor, device) -> dict:
+        out, at = {}, 0
+        for k, shape in self.layout:
+            size = math.prod(shape)
+            out[k] = flat[:, at:at + size].reshape(len(flat), *shape).to(device)
+            at += size
+        return out
+
+    def width(self) -> int:
+        return sum(math.prod(shape) for _, shape in self.layout) if self.layout else 0
+
+    def fits(self, rows: int) -> bool:
+        self.on = self.on and rows * self.width() * 4 <= self.cap
+        return self.on

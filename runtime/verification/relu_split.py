@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from shardbound.runtime.verification.bab_state import BabState, tightened
+from shardbound.runtime.verification.bab_state import BabState, WarmAlphas, tightened
 from shardbound.runtime.verification.batch_memory import batch_for_memory, memory_figure
 from shardbound.runtime.verification.certificate import certified, cut_dict, no_cuts
 from shardbound.runtime.verification.falsify import split_pgd
@@ -215,37 +215,6 @@ def _optimise(network, ibp, known, lo, hi, C, splits, lb, which, iterations, sto
     out = lb.clone()
     out[idx] = torch.maximum(out[idx], better.cpu())
     return out, idx, (None if lA is None else lA.cpu()), alphas
-
-
-class WarmAlphas:
-    """Optimised alphas kept per open domain (flattened, on the CPU), so that children start
-    beta-CROWN from their parent's slopes. Capped at `cap_bytes` in all: past that, warm
-    starts stop for the rest of the run (children start from CROWN's slopes, as the root)."""
-
-    def __init__(self, cap_bytes: int):
-        self.cap = cap_bytes
-        self.layout = None          # [(op name, shape after the batch dimension)]
-        self.on = True
-
-    def flatten(self, alphas: dict, b: int) -> torch.Tensor:
-        if self.layout is None:
-            self.layout = [(k, tuple(v.shape[1:])) for k, v in alphas.items()]
-        return torch.cat([alphas[k].reshape(b, -1).cpu() for k, _ in self.layout], dim=1)
-
-    def unflatten(self, flat: torch.Tensor, device) -> dict:
-        out, at = {}, 0
-        for k, shape in self.layout:
-            size = math.prod(shape)
-            out[k] = flat[:, at:at + size].reshape(len(flat), *shape).to(device)
-            at += size
-        return out
-
-    def width(self) -> int:
-        return sum(math.prod(shape) for _, shape in self.layout) if self.layout else 0
-
-    def fits(self, rows: int) -> bool:
-        self.on = self.on and rows * self.width() * 4 <= self.cap
-        return self.on
 
 
 def _best_to_tail(key: torch.Tensor, k: int):
