@@ -147,12 +147,11 @@ def bab_case(mlp):
 
 def test_a_stopped_tree_resumed_is_the_uninterrupted_tree(mlp, bab_case):
     """relu_split(keep_state=) then resume= on the same prior: the same domains, the same
-    verdict; resumed under a split-refined prior (tighter): still unsat below the minimum,
-    and a counterexample above it."""
+    verdict; resumed under a split-refined prior (tighter): still unsat."""
     from shardbound.runtime.engine.split_refine import refine_by_splits
     from shardbound.runtime.verification.relu_split import relu_split
 
-    lo, hi, C, owner, d, found, prior, violation = bab_case
+    lo, hi, C, owner, d, _, prior, violation = bab_case
     run = lambda dd, **kw: relu_split(mlp, C, dd, owner, lo, hi, float("inf"),  # noqa: E731
                                       lambda f: f, violation(dd), batch=8, iterations=5, **kw)
     whole = run(d, root_prior=prior)
@@ -173,15 +172,6 @@ def test_a_stopped_tree_resumed_is_the_uninterrupted_tree(mlp, bab_case):
     first = run(d, root_prior=prior, keep_state=True, progress=progress,
                 stop=lambda: rounds[0] >= 2)
     assert run(d, root_prior=tighter, resume=first.state).verdict == "unsat"
-    above = np.array(found) + 0.05
-    rounds[0] = 0
-    first = run(above, root_prior=prior, keep_state=True, progress=progress,
-                stop=lambda: rounds[0] >= 1)
-    if first.verdict == "timeout":
-        res = run(above, root_prior=tighter, resume=first.state)
-        assert res.verdict == "sat", res
-    else:
-        assert first.verdict == "sat"
 
 
 def test_beta_on_open_row_pairs_matches_whole_domains(mlp, bab_case):
