@@ -28,14 +28,15 @@ from shardbound.runtime.accounting.ledger import SavedTensorCounter
 from shardbound.runtime.engine.optimise import (ParamGroup, alpha_bytes, alpha_group,
                                                 initial_alphas, maximise)
 
-DEFAULT_ITERATIONS = 12
+DEFAULT_ITERATIONS = 20
 LR_ALPHA = 0.25
 LR_BETA = 0.05
+DECAY = 1.0
 
 
 def beta_crown(network, ibp, known, lower, upper, C, splits, lb_start,
                iterations: int = DEFAULT_ITERATIONS, stop=None, alpha_start=None,
-               alpha_out=None, beta_out=None, best_out=None):
+               alpha_out=None, beta_out=None, beta_start=None, best_out=None):
     """(lower bounds (B, S) of C f(x) on each domain, at least `lb_start` (a sound bound of
     the same rows, e.g. CROWN's); the input A-matrix (B, S, *input) of the last iteration, or
     None). `splits` maps nodes feeding splittable ops to int8 (B, *shape). The A-matrix's
@@ -50,9 +51,15 @@ def beta_crown(network, ibp, known, lower, upper, C, splits, lb_start,
     the last iteration (detached), in the same layout; a dict as `beta_out` their betas (split
     node -> (B, S_local, *shape), >= 0): with the alphas, a Lagrangian that --soundness
     real/float32 re-evaluates rigorously (any alpha in range and beta >= 0 gives a bound).
+    `beta_start` = ({split node: (B, S_local, *shape)}, (B,) bool), the parents' betas in the
+    same way: a child's split multipliers start where its parent's ended (the new split's at
+    0, as the parent never had a gradient there), clamped to >= 0 first; `beta_out` then
+    has every split node of `splits` (zeros where a batch has no split there), so that the
+    layout is the same in every round.
     A dict as `best_out` receives, under "alphas" and "betas", per row the parameters of the
     iteration that gave the bound returned (the best, not the last: the certificate of
-    --soundness real/float32 re-evaluates those; the last ones warm-start the children)."""
+    --soundness real/float32 re-evaluates those; the last ones warm-start the children; a
+    warm start is only where the iterates begin, so the best may be the warm start itself)."""
     S_all = lb_start.shape[1]
     a, b = network.rows.my_range(S_all)
     start = lb_start[:, a:b]
@@ -73,7 +80,15 @@ def beta_crown(network, ibp, known, lower, upper, C, splits, lb_start,
         if bool((s != 0).any()):
             signs[name] = s.to(lower.dtype).unsqueeze(1)                      # (B, 1, *shape)
             betas[name] = torch.zeros(B, S, *s.shape[1:], dtype=lower.dtype,
-                                      device=lower.device, requires_grad=True)
+                                      device=lower.device)
+            if beta_start is not None and name in beta_start[0] \
+                    and beta_start[0][name].shape == betas[name].shape:
+                w = beta_start[1].to(lower.device).reshape(B, *([1] * s.dim()))
+                # A start at a neuron this domain does not split has no gradient: zero it.
+                free = (s == 0).unsqueeze(1)
+                init = beta_start[0][name].to(lower.device).clamp(min=0).masked_fill(free, 0)
+                betas[name] = torch.where(w, init, betas[name])
+            betas[name].requires_grad_(True)
 
     def project_betas():
         for t in betas.values():
@@ -86,8 +101,8 @@ def beta_crown(network, ibp, known, lower, upper, C, splits, lb_start,
         return network.final_crown(ibp, known, lower, upper, C, alphas, lower_only=True,
                                    gather=False, extra_A=extra, input_A=grab)[0]
 
-    groups = [alpha_group(network, alphas, LR_ALPHA),
-              ParamGroup(list(betas.values()), LR_BETA, project_betas)]
+    groups = [alpha_group(network, alphas, LR_ALPHA, DECAY),
+              ParamGroup(list(betas.values()), LR_BETA, project_betas, DECAY)]
     ledger = network.ledger
     saved = SavedTensorCounter(ledger)
     keep = None
@@ -109,6 +124,10 @@ def beta_crown(network, ibp, known, lower, upper, C, splits, lb_start,
         alpha_out.update({name: a.detach() for name, a in alphas.items()})
     if beta_out is not None:
         beta_out.update({name: b.detach() for name, b in betas.items()})
+        for name, sp in splits.items():     # the same layout in every round
+            if name not in beta_out:
+                beta_out[name] = torch.zeros(B, S, *sp.shape[1:], dtype=lower.dtype,
+                                             device=lower.device)
     if best_out is not None:
         best_out["alphas"] = {k[1]: t for k, t in keep.items() if k[0] == "alpha"}
         best_out["betas"] = {k[1]: t for k, t in keep.items() if k[0] == "beta"}

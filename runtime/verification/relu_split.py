@@ -47,10 +47,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from shardbound.runtime.verification.bab_state import BabState, WarmAlphas, tightened
 from shardbound.runtime.verification.batch_memory import batch_for_memory, memory_figure
 from shardbound.runtime.verification.certificate import certified, cut_dict, no_cuts
 from shardbound.runtime.verification.falsify import split_pgd
 from shardbound.runtime.verification.input_split import closeness, refuted_conjunctions
+from shardbound.runtime.verification.row_pairs import optimise_pairs
 from shardbound.runtime.engine.beta import DEFAULT_ITERATIONS, beta_crown
 
 MAX_DOMAINS = 50_000      # each keeps its parent's intermediate bounds: ~8 bytes a neuron
@@ -59,6 +61,7 @@ ATTACK_SHARE = 0.15       # of branch and bound's time, at most, spent in those 
 ATTACK_STEPS = 30
 FSB_CANDIDATES = 3        # filtered smart branching: BaBSR's top k, judged by a one-step bound
 KEPT_ALPHA_BYTES = 256 << 20   # the warm-start alphas of open domains (see WarmAlphas)
+BETA_KEY = "beta:"       # warm starts keep each split node's betas under this prefix
 FINAL_SHARE = 0.1         # the last share of the budget goes to the final falsification pass
 
 
@@ -69,6 +72,7 @@ class ReluBabResult:
     domains: int = 0                # domains bounded
     verified_fraction: float = 0.0  # proved share of the tree (each leaf weighs 2^-depth)
     reason: str = ""
+    state: BabState | None = None   # the open tree, on "timeout" when asked (`keep_state`)
 
 
 def _slack_scores(network, ops, split_A, known, open_rows, n_sign: int) -> torch.Tensor:
@@ -99,14 +103,15 @@ def _slack_scores(network, ops, split_A, known, open_rows, n_sign: int) -> torch
 
 
 def _fsb_choice(network, relus, names, offsets, known, ibp, lo_flat, hi_flat, C, d, owner,
-                scores, which, k: int, n_sign: int) -> torch.Tensor:
+                scores, which, k: int, n_sign: int, parent_lb=None) -> torch.Tensor:
     """Filtered smart branching: per domain in `which` (indices into the batch), BaBSR's top
     k neurons (`scores`, (len(which), total)), each judged by a one-step bound: the final
     CROWN pass on both children with the parent's intermediate bounds and the neuron's
     bounds clamped at 0 (no intermediate pass). The neuron whose children's margins still
     short of proved sum highest wins (a proved child counts 0: splits that close one side
     are preferred, which also isolates a spike's support, see falsify.py; ties: BaBSR's
-    order). Returns (len(which),) global neuron indices."""
+    order). `parent_lb` ((len(which), S) or None): the parents' bounds, which hold on the
+    children too. Returns (len(which),) global neuron indices."""
     order = torch.argsort(scores, dim=1, descending=True, stable=True)[:, :k]   # (b, k)
     b = len(which)
     valid = torch.gather(scores, 1, order) >= 0
@@ -139,6 +144,8 @@ def _fsb_choice(network, relus, names, offsets, known, ibp, lo_flat, hi_flat, C,
     chi = hi_flat.expand(m, -1).reshape(shape).to(network.device)
     with torch.no_grad():
         lb, _ = network.final_crown(child_ibp, child_known, clo, chi, C, lower_only=True)
+    if parent_lb is not None:
+        lb = torch.maximum(lb.cpu(), parent_lb.repeat_interleave(2 * k, dim=0))
     n_conj = int(owner.max()) + 1
     close = closeness(lb.cpu(), d, owner, n_conj).reshape(b, k, 2).clamp(max=0).sum(dim=2)
     close = torch.where(valid & ~close.isnan(), close, torch.full_like(close, -float("inf")))
@@ -179,59 +186,35 @@ def _flat_bounds(bounds, names, b) -> torch.Tensor:
 
 
 def _optimise(network, ibp, known, lo, hi, C, splits, lb, which, iterations, stop=None,
-              warm=None, best=None):
+              warm=None, betas=None, best=None):
     """(lb with the rows of the domains in `which` raised by beta-CROWN, their indices, their
     input A-matrices from beta-CROWN or None, their alphas after the optimisation).
-    warm: (alphas of the batch's domains, (B,) bool: which have them) to start from.
+    warm: (alphas of the batch's domains, and their betas under BETA_KEY + split node,
+    (B,) bool: which have them) to start from.
+    betas: a dict that receives the last iterate's split multipliers (beta_crown's
+    `beta_out`: the children's warm start).
     best: a dict that receives the alphas and betas behind each row's bound (beta_crown's
     `best_out`: the Lagrangian the certificate re-evaluates)."""
     idx = torch.nonzero(which).reshape(-1)
     dev_idx = idx.to(lo.device)
     pick = lambda t: t.index_select(0, dev_idx)                                # noqa: E731
     sub = lambda m: {k: (pick(v[0]), pick(v[1])) for k, v in m.items()}       # noqa: E731
-    start = None
+    start = beta_start = None
     if warm is not None and bool(warm[1][idx].any()):
-        start = ({k: pick(v) for k, v in warm[0].items()}, warm[1][idx])
+        has = warm[1][idx]
+        start = ({k: pick(v) for k, v in warm[0].items() if not k.startswith(BETA_KEY)}, has)
+        beta_start = ({k[len(BETA_KEY):]: pick(v) for k, v in warm[0].items()
+                       if k.startswith(BETA_KEY)}, has)
     alphas = {}
     with torch.no_grad():
         better, lA = beta_crown(network, sub(ibp), sub(known), pick(lo), pick(hi), C,
                                 {k: pick(v) for k, v in splits.items()},
                                 lb.index_select(0, idx).to(lo.device), iterations, stop=stop,
-                                alpha_start=start, alpha_out=alphas, best_out=best)
+                                alpha_start=start, alpha_out=alphas, beta_out=betas,
+                                beta_start=beta_start, best_out=best)
     out = lb.clone()
     out[idx] = torch.maximum(out[idx], better.cpu())
     return out, idx, (None if lA is None else lA.cpu()), alphas
-
-
-class WarmAlphas:
-    """Optimised alphas kept per open domain (flattened, on the CPU), so that children start
-    beta-CROWN from their parent's slopes. Capped at `cap_bytes` in all: past that, warm
-    starts stop for the rest of the run (children start from CROWN's slopes, as the root)."""
-
-    def __init__(self, cap_bytes: int):
-        self.cap = cap_bytes
-        self.layout = None          # [(op name, shape after the batch dimension)]
-        self.on = True
-
-    def flatten(self, alphas: dict, b: int) -> torch.Tensor:
-        if self.layout is None:
-            self.layout = [(k, tuple(v.shape[1:])) for k, v in alphas.items()]
-        return torch.cat([alphas[k].reshape(b, -1).cpu() for k, _ in self.layout], dim=1)
-
-    def unflatten(self, flat: torch.Tensor, device) -> dict:
-        out, at = {}, 0
-        for k, shape in self.layout:
-            size = math.prod(shape)
-            out[k] = flat[:, at:at + size].reshape(len(flat), *shape).to(device)
-            at += size
-        return out
-
-    def width(self) -> int:
-        return sum(math.prod(shape) for _, shape in self.layout) if self.layout else 0
-
-    def fits(self, rows: int) -> bool:
-        self.on = self.on and rows * self.width() * 4 <= self.cap
-        return self.on
 
 
 def _best_to_tail(key: torch.Tensor, k: int):
@@ -324,7 +307,8 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
                batch: int | None = None, progress=None, iterations: int = DEFAULT_ITERATIONS,
                root_prior=None, stop=None, certify=None, attack_domains: int = ATTACK_DOMAINS,
                final_share: float = FINAL_SHARE, fsb: int = FSB_CANDIDATES,
-               warm_start: bool = True) -> ReluBabResult:
+               warm_start: bool = True, warm_betas: bool = True, keep_state: bool = False,
+               resume: BabState | None = None) -> ReluBabResult:
     """Prove or refute {x in [lo, hi]: some conjunction of C f(x) <= d} by ReLU splitting.
 
     agree(flag) -> bool: the flag OR-ed over ranks. is_violation(x (N, n)) -> index of a
@@ -336,6 +320,9 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
     the rigorous bounds prove (with the split assumptions as clamps, and for domains
     beta-CROWN proved, its alphas and betas: lagrangian = (alphas, betas) or None); a domain
     the float32 bounds prove but these do not stays open and is split further.
+    keep_state: a "timeout" carries the open tree (`BabState`); `resume` continues such a
+    tree (same network, box and spec) with `root_prior` intersected into every open
+    domain's bounds (runtime/verification/bab_state.py: a prior that holds on the box).
 
     Counterexample search runs alongside the proof: domains are refined most violated first
     (the lowest CROWN / beta-CROWN margin, inherited by the children), every open domain's
@@ -378,20 +365,41 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
     cuts = no_cuts(int(local[-1])) if certify is not None and n_sign < len(relus) else None
     depth = torch.zeros(1, dtype=torch.float64)
     key = torch.zeros(1, dtype=torch.float64)   # the parent's margin: most violated first
+    # Default mode: the parents' bounds per spec row, which hold on their children (a
+    # subset), so a row a parent proved stays proved and beta-CROWN optimises only the open
+    # (domain, row) pairs (row_pairs.py; whole domains under row sharding). --soundness
+    # real/float32 certifies each leaf on its own, so there every row is bounded afresh.
+    carry = certify is None
+    by_pairs = carry and not network.rows.enabled
+    plb = torch.full((1, C.shape[0]), -math.inf)
     store = WarmAlphas(KEPT_ALPHA_BYTES if warm_start else 0)
     warm = torch.zeros(1, 0)                     # (N, alpha width): the parents' alphas
     has = torch.zeros(1, dtype=torch.bool)       # which domains have them
-    bounded, verified, unresolved = 0, 0.0, 0
+    bounded, verified, unresolved, rounds = 0, 0.0, 0, 0
+    if resume is not None:
+        r = resume
+        stack, depth, key, warm, has, cuts, store = (r.stack, r.depth, r.key, r.warm, r.has,
+                                                     r.cuts, r.store)
+        plb = r.plb
+        bounded, verified, unresolved, rounds = r.bounded, r.verified, r.unresolved, r.rounds
+        bounds = r.bounds
+        if root_prior is not None and all(name in root_prior for name in names):
+            bounds = tightened(bounds, _flat_bounds(root_prior, names, 1), len(stack))
     start = time.monotonic()
     final_at = (deadline - final_share * (deadline - start) if math.isfinite(deadline)
                 else math.inf)
     final = False                       # the final falsification pass: attack, never branch
     dropped = 0                         # open domains it attacked and let go (never proved)
-    rounds, attack_s = 0, 0.0
+    attack_s = 0.0
     midway = None                       # (time, proved share) halfway to final_at
     while len(stack):
         if stop():
-            return ReluBabResult("timeout", domains=bounded, verified_fraction=verified)
+            state = None
+            if keep_state:
+                state = BabState(stack, depth, key, warm, has, bounds, cuts, store, bounded,
+                                 verified, unresolved, rounds, plb)
+            return ReluBabResult("timeout", domains=bounded, verified_fraction=verified,
+                                 state=state)
         if len(stack) > MAX_DOMAINS:
             return ReluBabResult("unknown", domains=bounded, verified_fraction=verified,
                                  reason=f"more than {MAX_DOMAINS} open domains")
@@ -401,10 +409,10 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
             final = agree(_proof_out_of_reach(verified, midway or (start, 0.0), deadline))
             final_at = math.inf         # decided once
         take = min(batch, len(stack))
-        _swap_((stack, depth, key, warm, has, bounds, cuts), *_best_to_tail(key, take))
+        _swap_((stack, depth, key, warm, has, bounds, cuts, plb), *_best_to_tail(key, take))
         dom, ddepth = stack[-take:], depth[-take:]
-        bwarm, bhas = warm[-take:], has[-take:]
-        stack, depth, key = stack[:-take], depth[:-take], key[:-take]
+        bwarm, bhas, bplb = warm[-take:], has[-take:], plb[-take:]
+        stack, depth, key, plb = stack[:-take], depth[:-take], key[:-take], plb[:-take]
         warm, has = warm[:-take], has[:-take]
         prior = bcuts = None
         if cuts is not None:
@@ -428,6 +436,8 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         bounded += take
         rounds += 1
         lb = lb.cpu()
+        if carry:
+            lb = torch.maximum(lb, bplb)
         empty = torch.zeros(take, dtype=torch.bool)
         for name in names:
             l, h = known[name]
@@ -439,14 +449,29 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         if not final and iterations > 0 and bool((~(refuted.all(dim=1) | empty)).any()):
             start_alphas = ((store.unflatten(bwarm, dev), bhas)
                             if store.on and bool(bhas.any()) else None)
-            best = {} if certify is not None else None
-            lb, idx, beta_lA, alphas = _optimise(network, ibp, known, blo, bhi, Cd, splits, lb,
-                                                 ~(refuted.all(dim=1) | empty), iterations,
-                                                 stop, start_alphas, best)
+            betas, best = {}, ({} if certify is not None else None)
+            which = ~(refuted.all(dim=1) | empty)
+            if by_pairs:
+                pairs = which.unsqueeze(1) & ~refuted[:, owner_t]
+                lb, pair_lA, idx, alphas = optimise_pairs(network, ibp, known, blo, bhi, Cd,
+                                                          splits, lb, pairs, iterations, stop,
+                                                          start_alphas, BETA_KEY)
+                beta_lA = None
+                if pair_lA is not None:
+                    lA = lA.clone()
+                    lA[pairs] = pair_lA.reshape(len(pair_lA), -1)
+            else:
+                lb, idx, beta_lA, alphas = _optimise(network, ibp, known, blo, bhi, Cd, splits,
+                                                     lb, which, iterations, stop, start_alphas,
+                                                     betas, best)
             if best:        # the parameters of each row's best iterate, not the last
                 lagrangian = (idx, best["alphas"], best["betas"])
             if store.on and alphas:
-                flat = store.flatten(alphas, len(idx))
+                kept = {k: v for k, v in alphas.items()
+                        if warm_betas or not k.startswith(BETA_KEY)}
+                if warm_betas:
+                    kept.update({BETA_KEY + k: v for k, v in betas.items()})
+                flat = store.flatten(kept, len(idx))
                 bwarm, bhas = torch.zeros(take, flat.shape[1]), torch.zeros(take, dtype=torch.bool)
                 bwarm[idx], bhas[idx] = flat, True
             refuted = refuted_conjunctions(lb, d, owner, n_conj)
@@ -514,7 +539,8 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
             chunk = max(1, batch // fsb)        # 2 * chunk * fsb children per CROWN call
             best[fsb_rows] = torch.cat([
                 _fsb_choice(network, relus, names, offsets, known, ibp, lo_flat, hi_flat, Cd,
-                            d, owner, sub_scores[i:i + chunk], which[i:i + chunk], fsb, n_sign)
+                            d, owner, sub_scores[i:i + chunk], which[i:i + chunk], fsb, n_sign,
+                            None if not carry else lb[which[i:i + chunk]])
                 for i in range(0, len(which), chunk)])
         if not bool(splittable.all()):
             # No unstable neuron left and still open (beta-CROWN's fixed iterations did not
@@ -522,6 +548,7 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
             unresolved += int((~splittable).sum())
         odom, best, odepth = odom[splittable], best[splittable], odepth[splittable]
         okb, oclose = okb[splittable], oclose[splittable]
+        olb = lb[open_][splittable]
         rows = torch.arange(len(best))
         sign = best < int(offsets[n_sign])
         active, inactive = odom.clone(), odom.clone()
@@ -538,6 +565,7 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         stack = torch.cat([stack, inactive, active])
         depth = torch.cat([depth, odepth + 1, odepth + 1])
         key = torch.cat([key, oclose, oclose])
+        plb = torch.cat([plb, olb, olb])
         ow = bwarm[open_][splittable]
         oh = bhas[open_][splittable]
         if store.on and ow.shape[1] and store.fits(len(stack)):

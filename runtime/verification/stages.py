@@ -25,6 +25,7 @@ LABELS = {
     "alpha-crown": "alpha-CROWN",
     "input-split": "branch and bound (input splitting)",
     "attack-strong": "strong attack (PGD, 32 restarts)",
+    "split-refine": "intermediate bounds by split refinement",
     "relu-split": "branch and bound (ReLU and interval splitting, beta-CROWN)",
 }
 

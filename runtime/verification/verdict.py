@@ -23,6 +23,7 @@ import torch
 
 from shardbound.runtime.accounting.guard import check_budget
 from shardbound.runtime.engine.full_alpha import root_bounds
+from shardbound.runtime.engine.split_refine import needs_refinement, refine_by_splits
 from shardbound.runtime.errors import ShardboundError
 from shardbound.runtime.verification.attack import pgd
 from shardbound.runtime.verification.budget import Budget, BudgetExhausted
@@ -34,6 +35,8 @@ from shardbound.runtime.verification.stages import StageLog
 from shardbound.runtime.verification.spec import Spec, SpecCase, inside_box, outward_box, violated_conjunctions
 from shardbound.runtime.program.grad_mode import outside_inference_mode
 
+FIRST_TRY_SHARE = 0.1    # of the time left: ReLU branch and bound before split refinement
+REFINE_SHARE = 0.25      # of the time left, at most, for split refinement of the root prior
 SPLIT_MAX_INPUTS = 16     # input splitting beyond this many inputs rarely finishes
 # default mode confirms counterexamples in float64 too for networks up to this many weights
 DEFAULT_FLOAT64_ELEMENTS = 1 << 22
@@ -221,6 +224,23 @@ class _CaseRunner:
             return "sat", self.confirm(res.x)
         return res.verdict, None
 
+    def _bab_answer(self, res):
+        if res.verdict == "sat":
+            return "sat", self.confirm(res.x)
+        return res.verdict, None
+
+    def refine_prior(self, lo, hi, known):
+        """Branch and bound's root prior with the intermediate bounds tightened by split
+        refinement (runtime/engine/split_refine.py), in at most REFINE_SHARE of the time
+        left (its rounds are fixed; the clock only cuts them short on a slow machine)."""
+        if not needs_refinement(self.net, known):
+            return known
+        self.start("split-refine")
+        until = time.monotonic() + REFINE_SHARE * self.budget.remaining()
+        stop = lambda: self.budget.expired() or self.agree(time.monotonic() > until)  # noqa
+        with torch.no_grad():
+            return refine_by_splits(self.net, lo, hi, known, stop=stop)
+
     def agree(self, flag: bool) -> bool:
         return bool(self.comm.all_reduce_max(torch.tensor([float(flag)]))[0] > 0)
 
@@ -287,15 +307,31 @@ class _CaseRunner:
             budget.check()
             self.start("relu-split")
             planned = getattr(self.net, "bab_batch", None)      # --memory-budget's plan
-            res = relu_split(self.net, self.C, self.d, self.owner, self.lo, self.hi,
-                             self.deadline, self.agree, self.is_violation,
-                             progress=self.progress, root_prior=cache[1], stop=budget,
-                             certify=self.certify(),
-                             **({"batch": planned} if planned else {}))
+            prior = cache[1]
+            bab = lambda prior, **kw: relu_split(                       # noqa: E731
+                self.net, self.C, self.d, self.owner, self.lo, self.hi, self.deadline,
+                self.agree, self.is_violation, progress=self.progress, root_prior=prior,
+                certify=self.certify(), **({"batch": planned} if planned else {}), **kw)
+            if needs_refinement(self.net, prior):
+                # A first try on the root prior as it is, in FIRST_TRY_SHARE of the time left:
+                # the easy instances end here, without paying for split refinement; the
+                # others continue the first try's tree under the refined prior (its open
+                # domains' bounds intersected with it; proved domains stay proved).
+                until = time.monotonic() + FIRST_TRY_SHARE * budget.remaining()
+                res = bab(prior, final_share=0.0, keep_state=True,
+                          stop=lambda: budget.expired() or self.agree(time.monotonic() > until))
+                self.progress.done()
+                if res.verdict != "timeout" or budget.expired():
+                    return self._bab_answer(res)
+                budget.check()
+                prior = self.refine_prior(lo, hi, prior)
+                budget.check()
+                self.start("relu-split")
+                res = bab(prior, stop=budget, resume=res.state)
+            else:
+                res = bab(prior, stop=budget)
             self.progress.done()
-            if res.verdict == "sat":
-                return "sat", self.confirm(res.x)
-            return res.verdict, None
+            return self._bab_answer(res)
         return ("timeout" if budget.expired() else "unknown"), None
 
 
