@@ -157,7 +157,8 @@ class Conv2d(Op):
                 A_in = A_in[:, :, pt:pt + H, pl:pl + W]
             A_in = A_in.contiguous().reshape(B, S, C_in, H, W)
         else:           # scattered straight into the unpadded input (padding dropped)
-            A_in = self._backward_im2col(flat, w, (H, W), (pt, pl)).reshape(B, S, C_in, H, W)
+            A_in = self._backward_im2col(flat, w, (H, W), (pt, pl)).contiguous().reshape(
+                B, S, C_in, H, W)
         b = self.param("bias")
         bias = None
         if b is not None:
@@ -203,18 +204,22 @@ class Conv2d(Op):
         for g, wg_t in enumerate(self._group_weights_t(w)):
             parts.append(self._cout_product(
                 A_cols[..., g * out_per_group:(g + 1) * out_per_group].contiguous(),
-                wg_t))                                                     # (N, L, cin_g*kh*kw)
+                wg_t))                                                 # (N, L, kh*kw*cin_g)
         cols = parts[0] if G == 1 else torch.cat(parts, dim=-1)
-        return self._scatter_taps(cols.reshape(N, Ho, Wo, -1, kh, kw), out_hw, offset)
+        return self._scatter_taps(cols.reshape(N, Ho, Wo, G, kh, kw, -1), out_hw, offset)
 
     def _scatter_taps(self, cols, out_hw, offset=(0, 0)):
-        """F.fold of cols (N, Ho, Wo, C_in, kh, kw) into the padded grid, kept only on
+        """F.fold of cols (N, Ho, Wo, G, kh, kw, cin_g) into the padded grid, kept only on
         (N, C_in, *out_hw) from `offset` on: one strided add per kernel tap, taps in col2im's
         order ((i, j) row-major), so every pixel adds the same terms in the same order from
-        the same zero (the bits of F.fold and a crop, without its per-element loop)."""
-        N, Ho, Wo, C_in, kh, kw = cols.shape
+        the same zero (the bits of F.fold and a crop, without its per-element loop). The
+        adds run channels-last (each position's channels contiguous on both sides: the
+        per-tap reads were strided by the taps before, 3-4x slower) and the result is that
+        grid viewed as (N, C_in, H, W); the layout changes no sum."""
+        N, Ho, Wo, G, kh, kw, cin_g = cols.shape
         (sh, sw), (dh, dw) = self.strides, self.dilations
-        out = cols.new_zeros((N, C_in, *out_hw))
+        out = cols.new_zeros((N, *out_hw, G * cin_g))
+        grid = out.view(N, *out_hw, G, cin_g)
         for i in range(kh):
             ys = _tap_range(i * dh - offset[0], sh, Ho, out_hw[0])
             for j in range(kw):
@@ -222,20 +227,22 @@ class Conv2d(Op):
                 if ys is None or xs is None:
                     continue
                 (y0, ny, t0), (x0, nx, u0) = ys, xs
-                out[:, :, t0:t0 + sh * (ny - 1) + 1:sh, u0:u0 + sw * (nx - 1) + 1:sw] += \
-                    cols[:, y0:y0 + ny, x0:x0 + nx, :, i, j].permute(0, 3, 1, 2)
-        return out
+                grid[:, t0:t0 + sh * (ny - 1) + 1:sh, u0:u0 + sw * (nx - 1) + 1:sw] += \
+                    cols[:, y0:y0 + ny, x0:x0 + nx, :, i, j]
+        return out.permute(0, 3, 1, 2)
 
     def _group_weights_t(self, w):
-        """Per group, its weights transposed (cin_g*kh*kw, out_per_group) and contiguous: the
-        backward product's operands, made once per program for a resident weight (an fsdp
-        shard is gathered per use, so it is transposed per use)."""
+        """Per group, its weights transposed (kh*kw*cin_g, out_per_group), taps outer and
+        channels inner (the order `_scatter_taps` reads; which column a product lands in
+        changes none of its bits), contiguous: the backward product's operands, made once
+        per program for a resident weight (an fsdp shard is gathered per use, so it is
+        transposed per use)."""
         def transposed():
             G, kh, kw = self.groups, *w.shape[2:]
             out_per_group = w.shape[0] // G
-            return [w[g * out_per_group:(g + 1) * out_per_group].reshape(
-                        out_per_group, w.shape[1] * kh * kw)  # explicit: a tp rank may hold none
-                    .t().contiguous() for g in range(G)]
+            return [w[g * out_per_group:(g + 1) * out_per_group].permute(2, 3, 1, 0).reshape(
+                        kh * kw * w.shape[1], out_per_group)  # explicit: a tp rank may hold none
+                    .contiguous() for g in range(G)]
         if not isinstance(self.params.get("weight"), torch.Tensor):
             return transposed()
         return self.memo("_weights_t_memo").get((w,), transposed)
@@ -259,7 +266,7 @@ class Conv2d(Op):
             out = F.conv_transpose2d(flat, w, None, self.strides, 0, 0, self.groups,
                                      self.dilations)
         else:
-            out = self._backward_im2col(flat.contiguous(), w, size)
+            out = self._backward_im2col(flat.contiguous(), w, size).contiguous()
         origin = A.origin * torch.tensor([sh, sw], device=A.origin.device) \
             - torch.tensor(self.pads[:2], device=A.origin.device)
         # What the scatter put outside the grid stays (dirty): an elementwise step or the box
