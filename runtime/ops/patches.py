@@ -30,9 +30,35 @@ import math
 import torch
 import torch.nn.functional as F
 
+from shardbound.runtime.ops.memo import LastValueMemo
+
 
 DENSE_CHUNK = 1 << 20      # elements of dense rows made at a time for an ordered sum
 FEW_CHANNELS = 4           # to_dense by whole windows up to this many (boxes x channels)
+
+
+def _support_plans(vec: torch.Tensor, node_shape):
+    """Per box of `vec` (over a (C, H, W) node), the support-dot plan of its nonzeros and
+    their (channel, row, column); None where a box's vector is mostly nonzero (the dense
+    rows cost no more then) or not float32."""
+    from shardbound.runtime.numerics import support_dot
+
+    C, H, W = node_shape
+    K = C * H * W
+    v = vec.reshape(-1, K)
+    if v.dtype != torch.float32:
+        return None
+    plans = []
+    for row in v:
+        support = row.nonzero()[:, 0]
+        if len(support) > K // 4:
+            return None
+        plans.append((support_dot.Plan(row[support], support, K),
+                      (support // (H * W), (support // W) % H, support % W)))
+    return plans
+
+
+_SUPPORT_PLANS = LastValueMemo()     # the intercepts of one CROWN step, met by every chunk
 
 
 class Patches:
@@ -245,6 +271,35 @@ class Patches:
         parts = [fn(Patches(self.values[:, s0:s0 + step], self.origin[s0:s0 + step],
                             self.node_shape).to_dense()) for s0 in range(0, S, step)]
         return torch.cat(parts, dim=1)
+
+    def support_dot(self, vec: torch.Tensor, order: str) -> "torch.Tensor | None":
+        """(B, S): the ordered ``dot_last`` of the dense rows with `vec` (one per box or one
+        for all, (Bv, 1, C, H, W) or anything of C*H*W per box) in the dense rows' bits,
+        from the windows' entries at vec's nonzeros alone (`numerics/support_dot.py`: a
+        ReLU's intercepts are zero on its stable neurons). None where that does not apply
+        (not `blocked`, no pinned BLAS, a block with an unmeasured chain split, a vector
+        that is mostly nonzero, non-finite rows, gradients): the caller takes the dense
+        rows then."""
+        from shardbound.runtime.numerics import support_dot
+
+        B, S, C, ph, pw = self.values.shape
+        K = math.prod(self.node_shape)
+        if order != "blocked" or not support_dot.supported(K) or \
+                _differentiable(self.values, vec) or not support_dot.works(self.device):
+            return None
+        plans = _SUPPORT_PLANS.get((vec,), lambda: _support_plans(vec, self.node_shape))
+        if plans is None or len(plans) not in (1, B) or \
+                not math.isfinite(float(self.values.sum())):    # inf * 0 is nan densely
+            return None
+        out = self.values.new_empty((B, S))
+        for b in range(B):
+            plan, (c, y, x) = plans[b % len(plans)]
+            wy, wx = y[None] - self.origin[:, :1], x[None] - self.origin[:, 1:]     # (S, n)
+            inside = (wy >= 0) & (wy < ph) & (wx >= 0) & (wx < pw)
+            idx = (c[None] * ph + wy.clamp(0, ph - 1)) * pw + wx.clamp(0, pw - 1)
+            cols = torch.gather(self.values[b].reshape(S, C * ph * pw), 1, idx)
+            out[b] = plan.dot(cols.masked_fill_(~inside, 0))
+        return out
 
     def flat(self) -> torch.Tensor:
         """(B, S, C*ph*pw): the values as rows (for sums over the windows, `fast`)."""
