@@ -42,9 +42,7 @@ class Plan:
 
     def __init__(self, vals: torch.Tensor, support: torch.Tensor, K: int):
         self.K, self.n, self.nb = K, len(support), _num_blocks(K)
-        block, within = support // BLOCK, support % BLOCK
-        full = (block + 1) * BLOCK <= K
-        self.chain = block * 2 + (full & (within >= HALF)).long()
+        self.chain = grid_chain(support, K)
         counts = torch.bincount(self.chain, minlength=2 * self.nb)
         self.Kp = int(counts.max()) if self.n else 0
         start = torch.cumsum(counts, 0) - counts
@@ -57,25 +55,47 @@ class Plan:
         """(M,) float32: ``blocked`` ``dot_last(a, v)`` of rows a (M, K) with the vector,
         given only ``cols = a[:, support]`` (M, n): bitwise the dense call's (module doc)."""
         M = cols.shape[0]
-        out = torch.zeros(M, dtype=torch.float32, device=cols.device)
         if self.n == 0 or M == 0:
-            return out
-        L = 2 * self.nb
-        step = max(MIN_COLS, _CHUNK // (L * self.Kp))
-        prev = _MKL_LOCAL(1)
-        try:
-            a = 0
-            while a < M:
-                b = M if M - (a + step) < MIN_COLS else a + step
-                m = max(b - a, MIN_COLS)      # fewer rows than the pinned shape: zero rows
-                xp = torch.zeros((L, m, self.Kp), dtype=torch.float32, device=cols.device)
-                xp[self.chain, :b - a, self.pos] = cols[a:b].T
-                parts = torch.bmm(self.vec, xp.transpose(1, 2))[:, 0]        # (2 nb, m)
-                out[a:b] = _tree_levels(parts[0::2] + parts[1::2])[:b - a] + 0.0
-                a = b
-        finally:
-            _MKL_LOCAL(prev)
-        return out
+            return torch.zeros(M, dtype=torch.float32, device=cols.device)
+
+        def chains(a, b):
+            xp = torch.zeros((2 * self.nb, b - a, self.Kp), dtype=torch.float32,
+                             device=cols.device)
+            xp[self.chain, :, self.pos] = cols[a:b].T
+            return xp
+        return chain_sums(chains, self.vec, M)
+
+
+def chain_sums(chains, vec: torch.Tensor, M: int) -> torch.Tensor:
+    """(M,) float32: the blocked sums from their chains. ``chains(a, b)`` gives rows a..b's
+    entries by chain, (2 nb, b - a, Kp) (chain 2i and 2i+1: block i's two halves, zeros
+    where a chain is shorter); `vec` (2 nb, MIN_ROWS, Kp) the vector's entries alike in
+    row 0. Each chain is one GEMM (<= ONE_CHAIN_MAX long: one FMA chain), all in one
+    batched call per row chunk (>= MIN_COLS rows: the pinned shape), a block's two halves
+    added, the blocks along the pair tree, then + 0.0."""
+    L, _, Kp = vec.shape
+    out = torch.empty(M, dtype=torch.float32, device=vec.device)
+    step = max(MIN_COLS, _CHUNK // max(1, L * Kp))
+    prev = _MKL_LOCAL(1)
+    try:
+        a = 0
+        while a < M:
+            b = M if M - (a + step) < MIN_COLS else a + step
+            xp = chains(a, b)
+            if b - a < MIN_COLS:                 # fewer rows than the pinned shape: zero rows
+                xp = torch.cat([xp, xp.new_zeros((L, MIN_COLS - (b - a), Kp))], dim=1)
+            parts = torch.bmm(vec, xp.transpose(1, 2))[:, 0]                # (2 nb, m)
+            out[a:b] = _tree_levels(parts[0::2] + parts[1::2])[:b - a] + 0.0
+            a = b
+    finally:
+        _MKL_LOCAL(prev)
+    return out
+
+
+def grid_chain(p: torch.Tensor, K: int) -> torch.Tensor:
+    """The chain (block * 2 + half) of flat positions p of a K-long sum."""
+    block, within = p // BLOCK, p % BLOCK
+    return block * 2 + (((block + 1) * BLOCK <= K) & (within >= HALF)).long()
 
 
 def dot(cols: torch.Tensor, vals: torch.Tensor, support: torch.Tensor, K: int) -> torch.Tensor:

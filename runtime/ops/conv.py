@@ -282,8 +282,10 @@ class Conv2d(Op):
                 per_channel = A.values.sum(dim=(-2, -1))
             else:
                 Ho, Wo = self.shape[1:]
-                per_channel = A.dense_map(lambda rows: contract.sum_last(
-                    rows.reshape(B, rows.shape[1], Cout, Ho * Wo), self.order))
+                per_channel = A.channel_sums(self.order)
+                if per_channel is None:
+                    per_channel = A.dense_map(lambda rows: contract.sum_last(
+                        rows.reshape(B, rows.shape[1], Cout, Ho * Wo), self.order))
             bias = self._channel_dot(per_channel, b)
         return [A_in], bias
 
