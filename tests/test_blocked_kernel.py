@@ -152,3 +152,34 @@ def test_gradients_through_thread_tiles_and_compact_results():
     small = S.blocked_matmul(x[:3], w)
     assert small.untyped_storage().nbytes() == 3 * 200 * 4
     assert S.dot_last(x[:3], w[0]).untyped_storage().nbytes() == 3 * 4
+
+
+def test_few_column_products_keep_the_bits_of_the_padded_form():
+    """Bias and box terms (N <= MIN_ROWS columns, many rows) run as the transposed GEMM
+    with all blocks in one batched call: each element keeps the bits of the untransposed
+    single-row product, for K with and without a partial last block, and any threads."""
+    g = torch.Generator().manual_seed(11)
+    for M, K, N in [(40, 300, 1), (700, 4096, 3), (33, 256, 8), (100, 1000, 2)]:
+        x, w = data((M, K), M + K) * (torch.rand(M, K, generator=g) < 0.5), data((N, K), N)
+        got = with_threads(3, lambda: S.blocked_matmul(x, w))
+        for i in (0, M // 2, M - 1):
+            assert same(got[i], S.blocked_matmul(x[i], w))       # 1 row: the padded form
+
+
+@pytest.mark.parametrize("K", [256, 700, 4096])
+def test_dot_over_a_vectors_support_equals_the_dense_dot(K):
+    """`support_dot`: a vector zero off its support (a ReLU's intercepts) dotted from the
+    rows' entries there alone has the dense blocked dot's bits (the FMA chains skip zeros)."""
+    from shardbound.runtime.numerics import support_dot
+
+    if not support_dot.works():
+        pytest.skip("no pinned BLAS here")
+    g = torch.Generator().manual_seed(K)
+    for M, density in [(5, 0.3), (300, 0.05), (64, 1.0)]:
+        a = data((M, K), M * K, spread=3.0) * (torch.rand(M, K, generator=g) < 0.6)
+        support = (torch.rand(K, generator=g) < density).nonzero()[:, 0]
+        v = torch.zeros(K)
+        v[support] = torch.randn(len(support), generator=g)
+        got = with_threads(2, lambda: support_dot.dot(a[:, support].contiguous(),
+                                                     v[support], support, K))
+        assert same(got, S.dot_last(a, v))

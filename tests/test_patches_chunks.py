@@ -104,6 +104,53 @@ def test_patches_add_is_the_padded_sum_bit_for_bit():
         assert torch.equal(s.view(torch.int32), ref.view(torch.int32))
 
 
+def test_support_dot_of_patches_is_the_dense_rows_dot():
+    """`Patches.support_dot` (an intercept that is zero off a few neurons, dotted from the
+    windows' entries there) has the bits of the blocked dot over the dense rows: windows
+    past the grid's edges with dirty entries outside, full 256-blocks (two FMA chains
+    each) and a grid whose blocks straddle channels, one box or two."""
+    from shardbound.runtime.numerics import summation, support_dot
+    from shardbound.runtime.ops.patches import Patches
+
+    if not support_dot.works():
+        pytest.skip("no pinned BLAS here")
+    gen = torch.Generator().manual_seed(3)
+    for (C, H), B, ph in [((2, 16), 1, 5), ((3, 10), 2, 3), ((4, 16), 1, 9)]:
+        S = 70
+        vals = torch.randn(B, S, C, ph, ph, generator=gen)
+        origin = torch.randint(-ph + 1, H, (S, 2), generator=gen)
+        A = Patches(vals, origin, (C, H, H), dirty=True)     # outside entries not zeros
+        vec = torch.randn(B, 1, C, H, H, generator=gen)
+        vec[torch.rand(vec.shape, generator=gen) < 0.9] = 0
+        got = A.support_dot(vec, "blocked")
+        ref = A.dense_map(lambda rows: summation.dot_last(
+            rows.reshape(B, rows.shape[1], -1), vec.reshape(B, 1, -1), "blocked"))
+        assert got is not None and torch.equal(got, ref), (C, H, B, ph)
+
+
+def test_channel_sums_of_patches_are_the_dense_rows_sums():
+    """`Patches.channel_sums` (a conv's bias term: each channel's plane summed, from the
+    windows alone) has the bits of the blocked sums over the dense rows: a 16x16 plane
+    (one block, two FMA chains split mid-window), a 32x32 one (four blocks and the tree),
+    a 10x10 one (one chain), windows past the edges, one box or two."""
+    from shardbound.runtime.numerics import contract, support_dot
+    from shardbound.runtime.ops.patches import Patches
+
+    if not support_dot.works():
+        pytest.skip("no pinned BLAS here")
+    gen = torch.Generator().manual_seed(5)
+    for S, C, ph, H, B in [(90, 3, 3, 16, 1), (40, 2, 7, 16, 2), (30, 2, 5, 32, 1),
+                           (20, 3, 5, 10, 2)]:
+        vals = torch.randn(B, S, C, ph, ph, generator=gen)
+        vals[torch.rand(vals.shape, generator=gen) < 0.3] = 0
+        A = Patches(vals, torch.randint(-ph + 1, H, (S, 2), generator=gen), (C, H, H))
+        A = A.masked()
+        got = A.channel_sums("blocked")
+        ref = A.dense_map(lambda rows: contract.sum_last(
+            rows.reshape(B, rows.shape[1], C, H * H), "blocked"))
+        assert got is not None and torch.equal(got, ref), (S, C, ph, H, B)
+
+
 def _conv_chain(rng):
     """2x8x8 -> conv s2 -> ReLU -> conv -> conv (no activation between) -> Add with the
     ReLU's output -> ReLU -> gemm 3: a conv step whose rows come straight from another

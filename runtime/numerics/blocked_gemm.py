@@ -165,6 +165,8 @@ def tree_product(x2: torch.Tensor, wp: torch.Tensor, N: int) -> tuple[torch.Tens
     M, K = x2.shape
     x2, wp = x2.detach(), wp.detach()   # worker threads run with grad mode on; out= needs off
     T = torch.get_num_threads()
+    if N <= MIN_ROWS and M >= MIN_COLS:
+        return _few_columns(x2, wp[:MIN_ROWS], N, T)
     tiles = _tiles(M, N, K, T) if T > 1 else [(0, M, 0, N)]
     if len(tiles) == 1 and K <= BLOCK:      # one GEMM: the common small case, less overhead
         xp = x2 if M >= MIN_ROWS else pad_rows(x2, MIN_ROWS)
@@ -189,3 +191,74 @@ def tree_product(x2: torch.Tensor, wp: torch.Tensor, N: int) -> tuple[torch.Tens
     for f in futures:
         finite = f.result() and finite
     return out, finite
+
+
+# ----------------------------------------------------------------------------- few columns
+_SWAP_CHUNK = 1 << 20     # elements of block partials (blocks x 8 x rows) made at a time
+
+
+def _few_columns(x2: torch.Tensor, w8: torch.Tensor, N: int, T: int) -> tuple[torch.Tensor, bool]:
+    """``tree_product`` for N <= MIN_ROWS columns (the bias and box terms: one vector, or a
+    few, against many rows), computed as the transposed product ``w8 @ x2.T``: the
+    vectors are the MIN_ROWS rows and x2's rows the (>= MIN_COLS) columns, so the GEMMs
+    make 8 instead of 32 products per element of x2 (no padding columns). Same bits:
+    each element is still one block's FMA chain over its two operand rows (products
+    commute exactly), which ``tests/test_blocked_kernel.py`` checks against the
+    untransposed form on random shapes. All full 256-blocks of a row chunk go through
+    one batched GEMM (one call, not one per block) and the pair tree is added level by
+    level over the stacked partials (the same adjacent pairs as ``blocktree._eval``)."""
+    M = x2.shape[0]
+    out = torch.empty((M, N), dtype=torch.float32, device=x2.device)
+    tiles = [(0, M)]
+    if T > 1 and M * N * x2.shape[1] >= _PAR_MIN_WORK and M >= T * MIN_COLS:
+        tiles = [(M * i // T, M * (i + 1) // T) for i in range(T)]
+    futures = []
+    if len(tiles) > 1:
+        pool = _get_pool(T - 1)
+        futures = [pool.submit(_few_columns_tile, x2, w8, N, out, *t) for t in tiles[1:]]
+    prev = _MKL_LOCAL(1)
+    try:
+        finite = _few_columns_tile(x2, w8, N, out, *tiles[0])
+    finally:
+        _MKL_LOCAL(prev)
+    for f in futures:
+        finite = f.result() and finite
+    return out, finite
+
+
+def _few_columns_tile(x2, w8, N, out, r0, r1) -> bool:
+    """out[r0:r1] of ``_few_columns`` in row chunks (>= MIN_COLS rows each, so every GEMM
+    keeps its pinned shape); returns whether all of it is finite."""
+    K = x2.shape[1]
+    nb, full = _num_blocks(K), K // BLOCK
+    step = max(MIN_COLS, _SWAP_CHUNK // (nb * MIN_ROWS))
+    finite = True
+    a = r0
+    while a < r1:
+        b = r1 if r1 - (a + step) < MIN_COLS else a + step
+        xs = x2[a:b]
+        m = b - a
+        parts = torch.empty((nb, MIN_ROWS, m), dtype=torch.float32, device=x2.device)
+        if full:
+            k1 = full * BLOCK
+            torch.bmm(w8[:, :k1].view(MIN_ROWS, full, BLOCK).transpose(0, 1),
+                      xs[:, :k1].view(m, full, BLOCK).permute(1, 2, 0), out=parts[:full])
+        if full < nb:
+            torch.mm(w8[:, full * BLOCK:], xs[:, full * BLOCK:].T, out=parts[full])
+        res = _tree_levels(parts)[:N]
+        res.add_(0.0)                                   # -0.0 -> +0.0
+        finite = finite and math.isfinite(res.sum().item())
+        out[a:b] = res.T
+        a = b
+    return finite
+
+
+def _tree_levels(parts: torch.Tensor) -> torch.Tensor:
+    """The fixed pair tree over dim 0, level by level: (p0+p1), (p2+p3), ..., an odd last
+    one passed up (``blocktree.tree_reduce``'s order, one add per level)."""
+    while parts.shape[0] > 1:
+        L = parts.shape[0]
+        h = L // 2
+        s = parts[0:2 * h:2] + parts[1:2 * h:2]
+        parts = torch.cat([s, parts[L - 1:]]) if L % 2 else s
+    return parts[0]

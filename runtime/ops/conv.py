@@ -157,7 +157,8 @@ class Conv2d(Op):
                 A_in = A_in[:, :, pt:pt + H, pl:pl + W]
             A_in = A_in.contiguous().reshape(B, S, C_in, H, W)
         else:           # scattered straight into the unpadded input (padding dropped)
-            A_in = self._backward_im2col(flat, w, (H, W), (pt, pl)).reshape(B, S, C_in, H, W)
+            A_in = self._backward_im2col(flat, w, (H, W), (pt, pl)).contiguous().reshape(
+                B, S, C_in, H, W)
         b = self.param("bias")
         bias = None
         if b is not None:
@@ -199,19 +200,24 @@ class Conv2d(Op):
             return out
         A_cols = A_flat.reshape(N, Cout, L).transpose(1, 2).contiguous()    # (N, L, Cout)
         out_per_group = Cout // G
+        # Taps-major columns where nothing is differentiated: a product's column changes
+        # none of its bits, but a gradient contracts over the columns, and alpha-CROWN's
+        # (single mode's and tp's row conv, split on channels) is over channel-major ones.
+        taps_major = not (torch.is_grad_enabled() and A_flat.requires_grad)
         parts = []
-        for g, wg_t in enumerate(self._group_weights_t(w)):
+        for g, wg_t in enumerate(self._group_weights_t(w, taps_major)):
             parts.append(self._cout_product(
                 A_cols[..., g * out_per_group:(g + 1) * out_per_group].contiguous(),
-                wg_t))                                                     # (N, L, cin_g*kh*kw)
+                wg_t))                                  # (N, L, kh*kw*cin_g) or (cin_g*kh*kw)
         cols = parts[0] if G == 1 else torch.cat(parts, dim=-1)
-        return self._scatter_taps(cols.reshape(N, Ho, Wo, -1, kh, kw), out_hw, offset)
+        if not taps_major:
+            return self._scatter_taps_channel_major(cols.reshape(N, Ho, Wo, -1, kh, kw),
+                                                    out_hw, offset)
+        return self._scatter_taps(cols.reshape(N, Ho, Wo, G, kh, kw, -1), out_hw, offset)
 
-    def _scatter_taps(self, cols, out_hw, offset=(0, 0)):
-        """F.fold of cols (N, Ho, Wo, C_in, kh, kw) into the padded grid, kept only on
-        (N, C_in, *out_hw) from `offset` on: one strided add per kernel tap, taps in col2im's
-        order ((i, j) row-major), so every pixel adds the same terms in the same order from
-        the same zero (the bits of F.fold and a crop, without its per-element loop)."""
+    def _scatter_taps_channel_major(self, cols, out_hw, offset=(0, 0)):
+        """`_scatter_taps` of cols (N, Ho, Wo, C_in, kh, kw) (the differentiated layout)
+        into (N, C_in, *out_hw): the same adds in the same order."""
         N, Ho, Wo, C_in, kh, kw = cols.shape
         (sh, sw), (dh, dw) = self.strides, self.dilations
         out = cols.new_zeros((N, C_in, *out_hw))
@@ -226,19 +232,47 @@ class Conv2d(Op):
                     cols[:, y0:y0 + ny, x0:x0 + nx, :, i, j].permute(0, 3, 1, 2)
         return out
 
-    def _group_weights_t(self, w):
-        """Per group, its weights transposed (cin_g*kh*kw, out_per_group) and contiguous: the
-        backward product's operands, made once per program for a resident weight (an fsdp
-        shard is gathered per use, so it is transposed per use)."""
+    def _scatter_taps(self, cols, out_hw, offset=(0, 0)):
+        """F.fold of cols (N, Ho, Wo, G, kh, kw, cin_g) into the padded grid, kept only on
+        (N, C_in, *out_hw) from `offset` on: one strided add per kernel tap, taps in col2im's
+        order ((i, j) row-major), so every pixel adds the same terms in the same order from
+        the same zero (the bits of F.fold and a crop, without its per-element loop). The
+        adds run channels-last (each position's channels contiguous on both sides: the
+        per-tap reads were strided by the taps before, 3-4x slower) and the result is that
+        grid viewed as (N, C_in, H, W); the layout changes no sum."""
+        N, Ho, Wo, G, kh, kw, cin_g = cols.shape
+        (sh, sw), (dh, dw) = self.strides, self.dilations
+        out = cols.new_zeros((N, *out_hw, G * cin_g))
+        grid = out.view(N, *out_hw, G, cin_g)
+        for i in range(kh):
+            ys = _tap_range(i * dh - offset[0], sh, Ho, out_hw[0])
+            for j in range(kw):
+                xs = _tap_range(j * dw - offset[1], sw, Wo, out_hw[1])
+                if ys is None or xs is None:
+                    continue
+                (y0, ny, t0), (x0, nx, u0) = ys, xs
+                grid[:, t0:t0 + sh * (ny - 1) + 1:sh, u0:u0 + sw * (nx - 1) + 1:sw] += \
+                    cols[:, y0:y0 + ny, x0:x0 + nx, :, i, j]
+        return out.permute(0, 3, 1, 2)
+
+    def _group_weights_t(self, w, taps_major=True):
+        """Per group, its weights transposed, (kh*kw*cin_g, out_per_group) taps outer and
+        channels inner (the order `_scatter_taps` reads; which column a product lands in
+        changes none of its bits) or (cin_g*kh*kw, out_per_group) (`taps_major` False: the
+        order gradients contract over), contiguous: the backward product's operands, made
+        once per program for a resident weight (an fsdp shard is gathered per use, so it is
+        transposed per use)."""
         def transposed():
             G, kh, kw = self.groups, *w.shape[2:]
             out_per_group = w.shape[0] // G
-            return [w[g * out_per_group:(g + 1) * out_per_group].reshape(
-                        out_per_group, w.shape[1] * kh * kw)  # explicit: a tp rank may hold none
-                    .t().contiguous() for g in range(G)]
+            order = (2, 3, 1, 0) if taps_major else (1, 2, 3, 0)
+            return [w[g * out_per_group:(g + 1) * out_per_group].permute(*order).reshape(
+                        w.shape[1] * kh * kw, out_per_group)  # explicit: a tp rank may hold none
+                    .contiguous() for g in range(G)]
         if not isinstance(self.params.get("weight"), torch.Tensor):
             return transposed()
-        return self.memo("_weights_t_memo").get((w,), transposed)
+        return self.memo("_weights_t_memo" if taps_major else "_weights_cm_memo").get(
+            (w,), transposed)
 
     def _backward_patches(self, A: Patches):
         """The backward step on rows in patches form: the transposed convolution of each
@@ -259,7 +293,7 @@ class Conv2d(Op):
             out = F.conv_transpose2d(flat, w, None, self.strides, 0, 0, self.groups,
                                      self.dilations)
         else:
-            out = self._backward_im2col(flat.contiguous(), w, size)
+            out = self._backward_im2col(flat.contiguous(), w, size).contiguous()
         origin = A.origin * torch.tensor([sh, sw], device=A.origin.device) \
             - torch.tensor(self.pads[:2], device=A.origin.device)
         # What the scatter put outside the grid stays (dirty): an elementwise step or the box
@@ -275,8 +309,10 @@ class Conv2d(Op):
                 per_channel = A.values.sum(dim=(-2, -1))
             else:
                 Ho, Wo = self.shape[1:]
-                per_channel = A.dense_map(lambda rows: contract.sum_last(
-                    rows.reshape(B, rows.shape[1], Cout, Ho * Wo), self.order))
+                per_channel = A.channel_sums(self.order)
+                if per_channel is None:
+                    per_channel = A.dense_map(lambda rows: contract.sum_last(
+                        rows.reshape(B, rows.shape[1], Cout, Ho * Wo), self.order))
             bias = self._channel_dot(per_channel, b)
         return [A_in], bias
 

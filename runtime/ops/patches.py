@@ -30,9 +30,35 @@ import math
 import torch
 import torch.nn.functional as F
 
+from shardbound.runtime.ops.memo import LastValueMemo
+
 
 DENSE_CHUNK = 1 << 20      # elements of dense rows made at a time for an ordered sum
 FEW_CHANNELS = 4           # to_dense by whole windows up to this many (boxes x channels)
+
+
+def _support_plans(vec: torch.Tensor, node_shape):
+    """Per box of `vec` (over a (C, H, W) node), the support-dot plan of its nonzeros and
+    their (channel, row, column); None where a box's vector is mostly nonzero (the dense
+    rows cost no more then) or not float32."""
+    from shardbound.runtime.numerics import support_dot
+
+    C, H, W = node_shape
+    K = C * H * W
+    v = vec.reshape(-1, K)
+    if v.dtype != torch.float32:
+        return None
+    plans = []
+    for row in v:
+        support = row.nonzero()[:, 0]
+        if len(support) > K // 4:
+            return None
+        plans.append((support_dot.Plan(row[support], support, K),
+                      (support // (H * W), (support // W) % H, support % W)))
+    return plans
+
+
+_SUPPORT_PLANS = LastValueMemo()     # the intercepts of one CROWN step, met by every chunk
 
 
 class Patches:
@@ -245,6 +271,74 @@ class Patches:
         parts = [fn(Patches(self.values[:, s0:s0 + step], self.origin[s0:s0 + step],
                             self.node_shape).to_dense()) for s0 in range(0, S, step)]
         return torch.cat(parts, dim=1)
+
+    def support_dot(self, vec: torch.Tensor, order: str) -> "torch.Tensor | None":
+        """(B, S): the ordered ``dot_last`` of the dense rows with `vec` (one per box or one
+        for all, (Bv, 1, C, H, W) or anything of C*H*W per box) in the dense rows' bits,
+        from the windows' entries at vec's nonzeros alone (`numerics/support_dot.py`: a
+        ReLU's intercepts are zero on its stable neurons). None where that does not apply
+        (not `blocked`, no pinned BLAS, a block with an unmeasured chain split, a vector
+        that is mostly nonzero, non-finite rows, gradients): the caller takes the dense
+        rows then."""
+        from shardbound.runtime.numerics import support_dot
+
+        B, S, C, ph, pw = self.values.shape
+        K = math.prod(self.node_shape)
+        if order != "blocked" or not support_dot.supported(K) or \
+                _differentiable(self.values, vec) or not support_dot.works(self.device):
+            return None
+        plans = _SUPPORT_PLANS.get((vec,), lambda: _support_plans(vec, self.node_shape))
+        if plans is None or len(plans) not in (1, B) or \
+                not math.isfinite(float(self.values.sum())):    # inf * 0 is nan densely
+            return None
+        out = self.values.new_empty((B, S))
+        for b in range(B):
+            plan, (c, y, x) = plans[b % len(plans)]
+            wy, wx = y[None] - self.origin[:, :1], x[None] - self.origin[:, 1:]     # (S, n)
+            inside = (wy >= 0) & (wy < ph) & (wx >= 0) & (wx < pw)
+            idx = (c[None] * ph + wy.clamp(0, ph - 1)) * pw + wx.clamp(0, pw - 1)
+            cols = torch.gather(self.values[b].reshape(S, C * ph * pw), 1, idx)
+            out[b] = plan.dot(cols.masked_fill_(~inside, 0))
+        return out
+
+    def channel_sums(self, order: str) -> "torch.Tensor | None":
+        """(B, S, C): each channel's sum over the grid (a convolution's bias term), in the
+        bits of the ordered sum over the dense rows (``sum_last`` of each channel's plane),
+        from the windows alone: every plane sum is a blocked dot with ones, whose FMA
+        chains skip the zeros outside the window (`numerics/support_dot.py`), so each chain
+        is the GEMM of the window entries that fall in its range of the plane. None where
+        that does not apply (not `blocked`, no pinned BLAS, windows longer than one chain,
+        an unmeasured chain split, non-finite rows, gradients) or where the dense rows
+        are as cheap (large windows)."""
+        from shardbound.runtime.numerics import support_dot
+
+        B, S, C, ph, pw = self.values.shape
+        H, W = self.node_shape[1:]
+        K, n = H * W, ph * pw
+        L = 2 * support_dot._num_blocks(K)
+        # measured: 4x faster than the dense rows for 3x3 windows on a 16x16 grid, 1.3x for
+        # 7x7, slower for 9x9 (each chain copies the window entries once): windows up to
+        # K / (2 L) entries
+        if order != "blocked" or n > min(support_dot.ONE_CHAIN_MAX, K // (2 * L)) \
+                or not support_dot.supported(K) \
+                or _differentiable(self.values) or not support_dot.works(self.device) \
+                or not math.isfinite(float(self.values.sum())):     # inf * 0 is nan densely
+            return None
+        ys, xs = self._coords()
+        inside = self.inside().reshape(S, n)
+        chain = support_dot.grid_chain((ys[:, :, None] * W + xs[:, None, :]).reshape(S, n), K)
+        chain = torch.where(inside, chain, -1)                     # (S, n): -1 outside
+        vec = self.values.new_zeros((L, support_dot.MIN_ROWS, n))
+        vec[:, 0] = 1
+        flat = self.values.reshape(B * S * C, n)
+        zero = torch.zeros((), dtype=flat.dtype)
+
+        def chains(a, b):        # rows (b, s, c) flattened; a chunk's entries by chain
+            owner = chain.index_select(0, torch.div(torch.arange(a, b, device=chain.device), C,
+                                                    rounding_mode="floor") % S)
+            rows = flat[a:b]
+            return torch.stack([torch.where(owner == lvl, rows, zero) for lvl in range(L)])
+        return support_dot.chain_sums(chains, vec, B * S * C).reshape(B, S, C)
 
     def flat(self) -> torch.Tensor:
         """(B, S, C*ph*pw): the values as rows (for sums over the windows, `fast`)."""

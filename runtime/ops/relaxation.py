@@ -222,8 +222,7 @@ class ElementwiseRelaxation(Op):
                 n = math.prod(g.shape[2:])      # explicit sizes: a window may hold no neurons
                 term = self._icpt_dot(coef.reshape(B, S, n), g.reshape(g.shape[0], S, n))
             else:
-                term = A.with_values(coef).dense_map(
-                    lambda rows: self._bias_dot(rows, icpt[0], B, rows.shape[1]))
+                term = self._ordered_patch_dot(A.with_values(coef), icpt[0], B)
             bias = term if bias is None else bias + term
         ns = neg_slope[1]
         A_in = values * ns
@@ -234,6 +233,16 @@ class ElementwiseRelaxation(Op):
             return A.with_values(A_in + pos * step, dirty=False), bias
         pos.mul_(step)
         return A.with_values(A_in.add_(pos), dirty=False), bias
+
+    def _ordered_patch_dot(self, A: Patches, icpt, B):
+        """The bias term of patches rows under an ordered summation: the dense rows' bits,
+        from the windows at the intercepts' nonzeros where the node's dot is the plain one
+        (`Patches.support_dot`), else over the dense rows made in chunks."""
+        if type(self)._dot is Op._dot and not getattr(self, "infinite_lines", False):
+            term = A.support_dot(icpt, self.order)
+            if term is not None:
+                return term
+        return A.dense_map(lambda rows: self._bias_dot(rows, icpt, B, rows.shape[1]))
 
     def _bias_dot(self, coef, icpt, B, S):
         flat = icpt.reshape(icpt.shape[0], icpt.shape[1], math.prod(icpt.shape[2:]))
