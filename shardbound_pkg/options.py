@@ -242,8 +242,8 @@ FLAGS: dict[str, Flag] = {f.dest if not f.positional else f.names[0]: f for f in
                "network, any summation order or FMA); real and float32 cover the ops whose "
                "kernels declare a rigorous step (linear, conv, pooling, layout, movement, "
                "reduction, ReLU and the other activations, Sigmoid, Tanh and the other smooth "
-               "functions) and refuse other ops (Softmax, LayerNorm, products of computed "
-               "tensors) in one line"),
+               "functions, products of computed tensors) and refuse other ops (Softmax, "
+               "LogSoftmax, LayerNorm, the discrete ops) in one line"),
     _flag("-q", "--quiet", action="store_true", default=False,
           help="no stage lines, tables or summaries: only errors and the answer a script "
                "reads (verify's verdict line; run's --json file; compile's files)"),
