@@ -124,7 +124,7 @@ def main(argv=None):
             ("after, batch 32", after.relu_split, {"batch": 32})]
     print(f"instance {name}; batch from the memory figure: "
           f"{after.batch_for_memory(net, C.shape[0], after.memory_figure(net))}")
-    print(f"| run | verdict | domains | CPU s | wall s | domains / CPU s |")
+    print("| run | verdict | domains | CPU s | wall s | domains / CPU s |")
     print("|---|---|---:|---:|---:|---:|")
     for label, fn, kw in runs:
         c0, w0 = time.process_time(), time.monotonic()
