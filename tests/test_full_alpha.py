@@ -6,6 +6,8 @@ job (method full-alpha-crown)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 import pytest
@@ -82,3 +84,51 @@ def test_full_alpha_beats_final_pass_alpha_repeats_and_is_the_full_method(networ
     assert torch.equal(again[0], lb) and torch.equal(again[1], ub)
     # the rows each start node's alphas were made for, for the memory model
     assert net.alpha_rows and all(v > 0 for v in net.alpha_rows.values())
+
+
+def test_fast_cnn_alphas_at_windows_match_dense_rows(tmp_path):
+    """Under `fast` a conv start node's rows stay in patches form through the ReLUs before
+    it, their alphas laid out at the windows (runtime/ops/patches.py `WindowAlpha`): the
+    bounds are those of dense rows and dense alphas up to the rounding of window sums, sound,
+    never looser than CROWN, and --soundness real's replay gets dense-layout alphas."""
+    from shardbound.compiler.driver import compile_model
+    from shardbound.passes.manager import PassOptions
+    from shardbound.runtime import load
+    from shardbound.runtime.engine.full_alpha import full_alpha_crown, start_nodes
+
+    name = "cnn_batchnorm"
+    model, shape = zoo.build(name)
+    onnx.save(model, tmp_path / "m.onnx")
+    compile_model(str(tmp_path / "m.onnx"), str(tmp_path / "p"), PassOptions(summation="fast"))
+    net = load(str(tmp_path / "p")).network
+    lo, hi = _box(shape, 3, 0.4)
+    eye = torch.eye(net.output.shape[-1])
+    C = eye[:1] - eye[1:]
+    with torch.no_grad():
+        ibp, known = net.intermediate_bounds(lo, hi)
+        clb, _ = net.final_crown(ibp, known, lo, hi, C)
+    starts = start_nodes(net, known, 1, lower=lo, upper=hi)
+    windowed = [s for s in starts if s.windows]
+    assert windowed, "no start node kept its rows in patches form"
+    for s in windowed:
+        for op, t in s.alphas.items():
+            if op in s.windows:         # (B, rows, C, ph, pw): a window, not the grid
+                assert t.shape[-2:] == s.windows[op].window
+                assert t.shape[-2] * t.shape[-1] < math.prod(net.by_name[op].shape[1:])
+    replay = {}
+    lb, ub, _ = full_alpha_crown(net, lo, hi, C, iterations=6, replay=replay)
+    net.patches = False
+    try:
+        dense_lb, dense_ub, _ = full_alpha_crown(net, lo, hi, C, iterations=6)
+        dense_nodes = start_nodes(net, known, 1, lower=lo, upper=hi)
+    finally:
+        net.patches = True
+    assert torch.allclose(lb, dense_lb, atol=1e-5, rtol=0), (lb - dense_lb).abs().max()
+    assert torch.allclose(ub, dense_ub, atol=1e-5, rtol=0)
+    assert bool((lb >= clb).all())
+    for s in dense_nodes:           # replay's alphas in the dense layout
+        _, kept = replay["nodes"][s.node.name]
+        assert {k: tuple(t.shape) for k, t in kept.items()} == \
+            {k: tuple(t.shape) for k, t in s.alphas.items()}
+    assert_sound(lambda x: net.forward(x.reshape(-1, *shape)).reshape(x.shape[0], -1),
+                 lo, hi, lb.reshape(-1), ub.reshape(-1), C=C, n=2000, label=name)

@@ -37,7 +37,7 @@ from shardbound.runtime.accounting.ledger import MemoryLedger, tensor_bytes
 from shardbound.runtime.engine.interval_helpers import (StorageBytes, expand_rows, intersect,
                                                         interval_matvec, vacuous_nan)
 from shardbound.runtime.ops import Bounds, Op
-from shardbound.runtime.ops.patches import Patches, dense
+from shardbound.runtime.ops.patches import Patches, WindowAlpha, dense, frame
 from shardbound.runtime.parallel.rows import RowSplit, unit_rows
 
 METHODS = ("ibp", "crown", "alpha-crown", "full-alpha-crown")
@@ -415,21 +415,31 @@ class Network:
         return lo.reshape(base[0].shape), hi.reshape(base[1].shape)
 
     def backward(self, target: Op, A: torch.Tensor, lower, upper, known, alphas=None,
-                 input_A=None, lower_only: bool = False, split_A=None, extra_A=None) -> Bounds:
+                 input_A=None, lower_only: bool = False, split_A=None, extra_A=None,
+                 alpha_windows: dict | None = None) -> Bounds:
         """Propagate A (B, S, *target.shape) back to the input and concretise over the box.
-        With `lower_only`, the upper side is skipped and returned as None."""
+        With `lower_only`, the upper side is skipped and returned as None. `alpha_windows`:
+        see `_propagate`."""
         B, S = A.shape[:2]
         l_bias = torch.zeros(B, S, dtype=A.dtype, device=A.device)
         u_bias = torch.zeros(B, S, dtype=A.dtype, device=A.device)
         return self._propagate(target, {target.name: A},
                                {target.name: None if lower_only else A}, l_bias, u_bias,
-                               lower, upper, known, alphas, input_A, split_A, extra_A)
+                               lower, upper, known, alphas, input_A, split_A, extra_A,
+                               alpha_windows=alpha_windows)
 
     def _propagate(self, target: Op, lAs: dict, uAs: dict, l_bias, u_bias, lower, upper, known,
-                   alphas=None, input_A=None, split_A=None, extra_A=None, steps=None) -> Bounds:
+                   alphas=None, input_A=None, split_A=None, extra_A=None, steps=None,
+                   alpha_windows: dict | None = None) -> Bounds:
         """The backward pass from A-matrices standing at nodes up to `target` (lAs / uAs by
         node name; uAs None: lower side only) and the bias terms gathered so far, down to the
-        input, concretised over the box. `steps`, a list, receives the ops stepped through."""
+        input, concretised over the box. `steps`, a list, receives the ops stepped through.
+
+        `alpha_windows` (full alpha-CROWN, runtime/engine/full_alpha.py) maps optimisable ops
+        to the window corners (S, 2) of the rows in patches form that reach them. Without
+        `alphas` the pass fills it (every optimisable op that patches reach); with `alphas`,
+        the alphas of the ops it names are laid out at those windows (`WindowAlpha`), so the
+        rows stay in patches form through them instead of going dense."""
         self.ledger.set("a_matrix", tensor_bytes([*lAs.values(), *uAs.values()]))
         lower_only = all(A is None for A in uAs.values())
         stop = self.nodes.index(target)
@@ -446,8 +456,18 @@ class Network:
             if extra_A is not None and n.name in extra_A:
                 lA = lA + extra_A[n.name]
             alpha = alphas.get(n.name) if alphas else None
+            if alpha_windows is not None and isinstance(lA, Patches) and n.has_alpha:
+                if alphas is None:
+                    alpha_windows[n.name] = frame(lA.origin, lA.window, lA.node_shape,
+                                                  lA.dtype, lA.device)
+                elif alpha is not None and n.name in alpha_windows:
+                    if not torch.equal(lA.origin, alpha_windows[n.name].origin):
+                        raise RuntimeError(f"{n.name}: rows reach it at other windows than "
+                                           "its alphas were laid out for")
+                    alpha = WindowAlpha(alpha)
             if (isinstance(lA, Patches) or isinstance(uA, Patches)) and (
-                    not n.accepts_patches or alpha is not None
+                    not n.accepts_patches or (alpha is not None
+                                              and not isinstance(alpha, WindowAlpha))
                     or (split_A is not None and (n.splittable or n.interval_splittable))):
                 lA, uA = (dense(lA),) * 2 if uA is lA else (dense(lA), dense(uA))
             in_bounds = [known.get(i) for i in n.inputs]

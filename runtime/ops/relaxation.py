@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from shardbound.runtime.ops.base import Op
-from shardbound.runtime.ops.patches import Patches
+from shardbound.runtime.ops.patches import Patches, WindowAlpha
 from shardbound.runtime.ops.patches import dense as _dense
 
 PATCH_STEP_CHUNK = 1 << 18     # elements of patch values per row chunk of the CROWN step
@@ -116,6 +116,8 @@ class ElementwiseRelaxation(Op):
     def crown_backward(self, lA, uA, in_bounds, alpha=None):
         """`alpha`, when given, shapes the lower-bound side's lines (alpha-CROWN); the upper
         side keeps the default relaxation."""
+        if isinstance(alpha, WindowAlpha):
+            return self._crown_window_alpha(lA, uA, in_bounds[0], alpha.values)
         lo, hi = in_bounds[0]
         lo, hi = lo.unsqueeze(1), hi.unsqueeze(1)      # broadcast over the S rows
         lines = self.relax(lo, hi, alpha)
@@ -169,6 +171,34 @@ class ElementwiseRelaxation(Op):
         if uA is None:
             return [lA_in], [None], biases[0], None
         return [lA_in], [uA.with_values(outs[1], dirty=False)], biases[0], biases[1]
+
+    def _crown_window_alpha(self, lA: Patches, uA, bounds, alpha: torch.Tensor):
+        """The step on rows in patches form whose parameters `alpha` lie at their windows
+        (B, S, C, ph, pw; `WindowAlpha`): the input bounds gathered at the windows, the lines
+        made there (per row: alpha is), zero outside the grid as `_crown_patches`' gathered
+        lines are (the rows' entries there are left by a conv step, `Patches.dirty`). Each
+        line holds on its element's interval, so the step is as sound as the dense one; the
+        values inside the windows are the dense rows' products. Only under `fast` (the bias
+        terms sum over the windows; full alpha-CROWN keeps dense alphas under the ordered
+        summations)."""
+        lo, hi = bounds
+        lo_w, hi_w = lA.gather_many([lo.unsqueeze(1), hi.unsqueeze(1)])
+        inside = lA.inside()[None, :, None]
+        zero = torch.zeros((), dtype=lo_w.dtype, device=lo_w.device)
+
+        def at_windows(lines: Lines) -> dict:
+            got = {k: torch.where(inside, t, zero) for k, t in _line_tensors(lines).items()}
+            return {k: None if k not in got else (got[k], got[k]) for k in _LINE_NAMES}
+
+        g = at_windows(self.relax(lo_w, hi_w, alpha))
+        lA_in, l_bias = self._side_patches(lA, g["lower_slope"], g["lower_icpt"],
+                                           g["upper_slope"], g["upper_icpt"])
+        if uA is None:
+            return [lA_in], [None], l_bias, None
+        g = at_windows(self.relax(lo_w, hi_w, None))
+        uA_in, u_bias = self._side_patches(uA, g["upper_slope"], g["upper_icpt"],
+                                           g["lower_slope"], g["lower_icpt"])
+        return [lA_in], [uA_in], l_bias, u_bias
 
     def _crown_patch_rows(self, lA, uA, lines: Lines, table=None):
         """`_crown_patches` on rows whose windows lie alike on both sides (`table`: the
