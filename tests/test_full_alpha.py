@@ -107,13 +107,15 @@ def test_fast_cnn_alphas_at_windows_match_dense_rows(tmp_path):
     with torch.no_grad():
         ibp, known = net.intermediate_bounds(lo, hi)
         clb, _ = net.final_crown(ibp, known, lo, hi, C)
+    from shardbound.runtime.ops.patches import Patches
+
     starts = start_nodes(net, known, 1, lower=lo, upper=hi)
-    windowed = [s for s in starts if s.windows]
+    windowed = [s for s in starts if any(isinstance(f, Patches) for f in s.layout.values())]
     assert windowed, "no start node kept its rows in patches form"
     for s in windowed:
         for op, t in s.alphas.items():
-            if op in s.windows:         # (B, rows, C, ph, pw): a window, not the grid
-                assert t.shape[-2:] == s.windows[op].window
+            if isinstance(s.layout.get(op), Patches):   # (B, rows, C, ph, pw): a window
+                assert t.shape[-2:] == s.layout[op].window
                 assert t.shape[-2] * t.shape[-1] < math.prod(net.by_name[op].shape[1:])
     replay = {}
     lb, ub, _ = full_alpha_crown(net, lo, hi, C, iterations=6, replay=replay)
@@ -126,9 +128,32 @@ def test_fast_cnn_alphas_at_windows_match_dense_rows(tmp_path):
     assert torch.allclose(lb, dense_lb, atol=1e-5, rtol=0), (lb - dense_lb).abs().max()
     assert torch.allclose(ub, dense_ub, atol=1e-5, rtol=0)
     assert bool((lb >= clb).all())
-    for s in dense_nodes:           # replay's alphas in the dense layout
+    for s in dense_nodes:           # replay's alphas in the dense layout (B, rows, *op shape)
         _, kept = replay["nodes"][s.node.name]
         assert {k: tuple(t.shape) for k, t in kept.items()} == \
-            {k: tuple(t.shape) for k, t in s.alphas.items()}
+            {k: (1, 2 * len(s.index), *net.by_name[k].shape) for k in s.alphas}
     assert_sound(lambda x: net.forward(x.reshape(-1, *shape)).reshape(x.shape[0], -1),
                  lo, hi, lb.reshape(-1), ub.reshape(-1), C=C, n=2000, label=name)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_relu_alphas_of_inexact_neurons_alone_keep_the_bits(networks, name, monkeypatch):
+    """A ReLU's alphas kept for its inexact input neurons only (`SparseAlpha`) give bitwise
+    the bounds of alphas over every neuron (blocked), with fewer parameters."""
+    from shardbound.runtime.engine import full_alpha
+
+    net, shape = networks[name]
+    lo, hi = _box(shape, 5, 0.3)
+    lb, ub, known = full_alpha.full_alpha_crown(net, lo, hi, iterations=4)
+    with torch.no_grad():
+        ibp, planned = net.intermediate_bounds(lo, hi)
+    sparse = sum(t.numel() for s in full_alpha.start_nodes(net, planned, 1)
+                 for t in s.alphas.values())
+    monkeypatch.setattr(full_alpha, "_sparse_ok", lambda *a: False)
+    dense = sum(t.numel() for s in full_alpha.start_nodes(net, planned, 1)
+                for t in s.alphas.values())
+    dlb, dub, dknown = full_alpha.full_alpha_crown(net, lo, hi, iterations=4)
+    assert sparse < dense
+    assert torch.equal(lb, dlb) and torch.equal(ub, dub)
+    assert all(torch.equal(known[k][0], dknown[k][0]) and torch.equal(known[k][1], dknown[k][1])
+               for k in known)

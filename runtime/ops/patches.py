@@ -309,6 +309,16 @@ class WindowAlpha:
         self.values = values
 
 
+class SparseAlpha:
+    """Relaxation parameters of some input neurons only: `values` (B, S, k) of the flat input
+    indices `index` (k,) (full alpha-CROWN: the neurons inexact in some box; a parameter of a
+    neuron whose relaxation is exact changes nothing). Only for ops whose alpha moves nothing
+    but the lower line's slope (`alpha_slope_only`)."""
+
+    def __init__(self, values: torch.Tensor, index: torch.Tensor):
+        self.values, self.index = values, index
+
+
 def frame(origin: torch.Tensor, window, node_shape, dtype=torch.float32, device=None
           ) -> "Patches":
     """Patches with these rows' windows and no values (zero boxes): what `gather` needs to
