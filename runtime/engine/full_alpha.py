@@ -93,6 +93,7 @@ def full_alpha_crown(network, lower: torch.Tensor, upper: torch.Tensor, C=None,
     holds only its rows' alphas) and when nothing was optimised. Bookkeeping only: the
     bounds are the same bits with or without it."""
     network.alpha_rows = None               # set below when the optimisation runs
+    network.alpha_neurons = {}
     with torch.no_grad():
         ibp, known = cache if cache is not None else network.intermediate_bounds(lower, upper)
         lb_all, ub_all = network.final_crown(ibp, known, lower, upper, C)
@@ -113,6 +114,8 @@ def full_alpha_crown(network, lower: torch.Tensor, upper: torch.Tensor, C=None,
     a, b = network.rows.my_range(S_all)
     final_layout = {}
     final_alphas = _alphas(network, known, B, b - a, network.optimisable_nodes(), final_layout)
+    network.alpha_neurons = {k: len(v) for k, v in final_layout.items()
+                             if isinstance(v, torch.Tensor)}
     every = [final_alphas] + [s.alphas for s in starts]
     ledger = network.ledger
     saved = SavedTensorCounter(ledger)

@@ -75,6 +75,7 @@ class Network:
         # Full alpha-CROWN's start nodes -> neurons whose rows carry alphas (the memory
         # model); None when the last run optimised nothing
         self.alpha_rows: dict[str, int] | None = None
+        self.alpha_neurons: dict[str, int] = {}     # ops with SparseAlpha -> their neurons
         self.budget = None              # verify: a time budget checked per CROWN-bounded node
         # Sparse rows chosen under IBP recomputed from the CROWN-tightened bounds of earlier
         # nodes (fewer rows, as auto_LiRPA does; bounds equal or tighter on most models, but

@@ -195,9 +195,9 @@ class ElementwiseRelaxation(Op):
               (("lo", lo), ("hi", hi))}
         lines = self.relax(at["lo"], at["hi"], alpha.values)
         lA_in, l_bias = self._side(lA, base.lower_slope, base.lower_icpt, base.upper_slope,
-                                   base.upper_icpt)
+                                   base.upper_icpt, closed_form=True)
         part, _ = self._side(lA.reshape(B, S, n).index_select(-1, idx), lines.lower_slope,
-                             None, lines.upper_slope, None)
+                             None, lines.upper_slope, None, closed_form=True)
         lA_in = lA_in.reshape(B, S, n).index_copy(-1, idx, part).reshape(lA.shape)
         if uA is None:
             return [lA_in], [None], l_bias, None
@@ -225,7 +225,7 @@ class ElementwiseRelaxation(Op):
 
         g = at_windows(self.relax(lo_w, hi_w, alpha))
         lA_in, l_bias = self._side_patches(lA, g["lower_slope"], g["lower_icpt"],
-                                           g["upper_slope"], g["upper_icpt"])
+                                           g["upper_slope"], g["upper_icpt"], closed_form=True)
         if uA is None:
             return [lA_in], [None], l_bias, None
         g = at_windows(self.relax(lo_w, hi_w, None))
@@ -247,7 +247,7 @@ class ElementwiseRelaxation(Op):
                                            g["lower_slope"], g["lower_icpt"])
         return [lA_in], [uA_in], l_bias, u_bias
 
-    def _side(self, A, pos_slope, pos_icpt, neg_slope, neg_icpt):
+    def _side(self, A, pos_slope, pos_icpt, neg_slope, neg_icpt, closed_form: bool = False):
         """pos * pos_line + neg * neg_line with pos = max(A, 0), neg = A - pos: one clamp,
         and the bias terms summed in the program's order. Without gradients the step works
         in place: the full-size temporaries are pos and the result alone (bits are those of
@@ -260,16 +260,18 @@ class ElementwiseRelaxation(Op):
         if neg_icpt is not None:
             term = self._bias_dot(A - pos, neg_icpt, B, S)
             bias = term if bias is None else bias + term
-        if _differentiable(A, pos_slope, neg_slope, pos_icpt, neg_icpt):
+        if closed_form and _differentiable(A, pos_slope, neg_slope, pos_icpt, neg_icpt):
             return _lines_step(A, pos, pos_slope, neg_slope), bias
         A_in = A * neg_slope
         step = pos_slope - neg_slope
-        if A_in.shape != pos.shape:     # (a bias dot may keep pos for a gradient)
+        if _differentiable(A, pos_slope, neg_slope, pos_icpt, neg_icpt) \
+                or A_in.shape != pos.shape:     # (a bias dot may keep pos for a gradient)
             return A_in + pos * step, bias
         pos.mul_(step)
         return A_in.add_(pos), bias
 
-    def _side_patches(self, A: Patches, pos_slope, pos_icpt, neg_slope, neg_icpt):
+    def _side_patches(self, A: Patches, pos_slope, pos_icpt, neg_slope, neg_icpt,
+                      closed_form: bool = False):
         """`_side` on rows in patches form; each line is (the full tensor, its values at the
         windows) or None. The same elementwise steps; the bias terms summed over the windows
         (`fast`) or over the dense rows (ordered summations: the dense bits)."""
@@ -290,12 +292,13 @@ class ElementwiseRelaxation(Op):
                     lambda rows: self._bias_dot(rows, icpt[0], B, rows.shape[1]))
             bias = term if bias is None else bias + term
         ns = neg_slope[1]
-        if _differentiable(values, pos_slope[0], neg_slope[0], *(
-                line[0] for line in (pos_icpt, neg_icpt) if line is not None)):
+        grad = _differentiable(values, pos_slope[0], neg_slope[0], *(
+            line[0] for line in (pos_icpt, neg_icpt) if line is not None))
+        if closed_form and grad:
             return A.with_values(_lines_step(values, pos, pos_slope[1], ns), dirty=False), bias
         A_in = values * ns
         step = pos_slope[1] - ns
-        if A_in.shape != pos.shape:
+        if grad or A_in.shape != pos.shape:
             return A.with_values(A_in + pos * step, dirty=False), bias
         pos.mul_(step)
         return A.with_values(A_in.add_(pos), dirty=False), bias
@@ -331,7 +334,10 @@ class ElementwiseRelaxation(Op):
 
 def _lines_step(A, pos, pos_slope, neg_slope):
     """A * neg_slope + pos * (pos_slope - neg_slope) (pos = max(A, 0)) under autograd: through
-    `_LinesStep` (its gradient in closed form) where the result has A's shape, else composed."""
+    `_LinesStep` (its gradient in closed form) where the result has A's shape, else composed.
+    Full alpha-CROWN's layouts only (`SparseAlpha`, `WindowAlpha`), whose saved tensors the
+    memory model counts as such; alpha-CROWN and beta-CROWN keep the composed ops (their
+    figures, runtime/accounting/alpha_model.py, were measured on them)."""
     if not (isinstance(pos_slope, torch.Tensor) and isinstance(neg_slope, torch.Tensor)) \
             or tuple(torch.broadcast_shapes(A.shape, pos_slope.shape, neg_slope.shape)) != \
             tuple(A.shape):
