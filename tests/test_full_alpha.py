@@ -139,7 +139,8 @@ def test_fast_cnn_alphas_at_windows_match_dense_rows(tmp_path):
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_relu_alphas_of_inexact_neurons_alone_keep_the_bits(networks, name, monkeypatch):
     """A ReLU's alphas kept for its inexact input neurons only (`SparseAlpha`) give bitwise
-    the bounds of alphas over every neuron (blocked), with fewer parameters."""
+    the bounds of alphas over every neuron through the same step (blocked), with fewer
+    parameters."""
     from shardbound.runtime.engine import full_alpha
 
     net, shape = networks[name]
@@ -149,7 +150,12 @@ def test_relu_alphas_of_inexact_neurons_alone_keep_the_bits(networks, name, monk
         ibp, planned = net.intermediate_bounds(lo, hi)
     sparse = sum(t.numel() for s in full_alpha.start_nodes(net, planned, 1)
                  for t in s.alphas.values())
+    from shardbound.runtime.ops.relaxation import ElementwiseRelaxation
+
+    side = ElementwiseRelaxation._side          # the same step, closed-form gradient included
     monkeypatch.setattr(full_alpha, "_sparse_ok", lambda *a: False)
+    monkeypatch.setattr(ElementwiseRelaxation, "_side",
+                        lambda self, *a, closed_form=False: side(self, *a, closed_form=True))
     dense = sum(t.numel() for s in full_alpha.start_nodes(net, planned, 1)
                 for t in s.alphas.values())
     dlb, dub, dknown = full_alpha.full_alpha_crown(net, lo, hi, iterations=4)
