@@ -6,6 +6,8 @@ job (method full-alpha-crown)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 import pytest
@@ -82,3 +84,82 @@ def test_full_alpha_beats_final_pass_alpha_repeats_and_is_the_full_method(networ
     assert torch.equal(again[0], lb) and torch.equal(again[1], ub)
     # the rows each start node's alphas were made for, for the memory model
     assert net.alpha_rows and all(v > 0 for v in net.alpha_rows.values())
+
+
+def test_fast_cnn_alphas_at_windows_match_dense_rows(tmp_path):
+    """Under `fast` a conv start node's rows stay in patches form through the ReLUs before
+    it, their alphas laid out at the windows (runtime/ops/patches.py `WindowAlpha`): the
+    bounds are those of dense rows and dense alphas up to the rounding of window sums, sound,
+    never looser than CROWN, and --soundness real's replay gets dense-layout alphas."""
+    from shardbound.compiler.driver import compile_model
+    from shardbound.passes.manager import PassOptions
+    from shardbound.runtime import load
+    from shardbound.runtime.engine.full_alpha import full_alpha_crown, start_nodes
+
+    name = "cnn_batchnorm"
+    model, shape = zoo.build(name)
+    onnx.save(model, tmp_path / "m.onnx")
+    compile_model(str(tmp_path / "m.onnx"), str(tmp_path / "p"), PassOptions(summation="fast"))
+    net = load(str(tmp_path / "p")).network
+    lo, hi = _box(shape, 3, 0.4)
+    eye = torch.eye(net.output.shape[-1])
+    C = eye[:1] - eye[1:]
+    with torch.no_grad():
+        ibp, known = net.intermediate_bounds(lo, hi)
+        clb, _ = net.final_crown(ibp, known, lo, hi, C)
+    from shardbound.runtime.ops.patches import Patches
+
+    starts = start_nodes(net, known, 1, lower=lo, upper=hi)
+    windowed = [s for s in starts if any(isinstance(f, Patches) for f in s.layout.values())]
+    assert windowed, "no start node kept its rows in patches form"
+    for s in windowed:
+        for op, t in s.alphas.items():
+            if isinstance(s.layout.get(op), Patches):   # (B, rows, C, ph, pw): a window
+                assert t.shape[-2:] == s.layout[op].window
+                assert t.shape[-2] * t.shape[-1] < math.prod(net.by_name[op].shape[1:])
+    replay = {}
+    lb, ub, _ = full_alpha_crown(net, lo, hi, C, iterations=6, replay=replay)
+    net.patches = False
+    try:
+        dense_lb, dense_ub, _ = full_alpha_crown(net, lo, hi, C, iterations=6)
+        dense_nodes = start_nodes(net, known, 1, lower=lo, upper=hi)
+    finally:
+        net.patches = True
+    assert torch.allclose(lb, dense_lb, atol=1e-5, rtol=0), (lb - dense_lb).abs().max()
+    assert torch.allclose(ub, dense_ub, atol=1e-5, rtol=0)
+    assert bool((lb >= clb).all())
+    for s in dense_nodes:           # replay's alphas in the dense layout (B, rows, *op shape)
+        _, kept = replay["nodes"][s.node.name]
+        assert {k: tuple(t.shape) for k, t in kept.items()} == \
+            {k: (1, 2 * len(s.index), *net.by_name[k].shape) for k in s.alphas}
+    assert_sound(lambda x: net.forward(x.reshape(-1, *shape)).reshape(x.shape[0], -1),
+                 lo, hi, lb.reshape(-1), ub.reshape(-1), C=C, n=2000, label=name)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_relu_alphas_of_inexact_neurons_alone_keep_the_bits(networks, name, monkeypatch):
+    """A ReLU's alphas kept for its inexact input neurons only (`SparseAlpha`) give bitwise
+    the bounds of alphas over every neuron through the same step (blocked), with fewer
+    parameters."""
+    from shardbound.runtime.engine import full_alpha
+
+    net, shape = networks[name]
+    lo, hi = _box(shape, 5, 0.3)
+    lb, ub, known = full_alpha.full_alpha_crown(net, lo, hi, iterations=4)
+    with torch.no_grad():
+        ibp, planned = net.intermediate_bounds(lo, hi)
+    sparse = sum(t.numel() for s in full_alpha.start_nodes(net, planned, 1)
+                 for t in s.alphas.values())
+    from shardbound.runtime.ops.relaxation import ElementwiseRelaxation
+
+    side = ElementwiseRelaxation._side          # the same step, closed-form gradient included
+    monkeypatch.setattr(full_alpha, "_sparse_ok", lambda *a: False)
+    monkeypatch.setattr(ElementwiseRelaxation, "_side",
+                        lambda self, *a, closed_form=False: side(self, *a, closed_form=True))
+    dense = sum(t.numel() for s in full_alpha.start_nodes(net, planned, 1)
+                for t in s.alphas.values())
+    dlb, dub, dknown = full_alpha.full_alpha_crown(net, lo, hi, iterations=4)
+    assert sparse < dense
+    assert torch.equal(lb, dlb) and torch.equal(ub, dub)
+    assert all(torch.equal(known[k][0], dknown[k][0]) and torch.equal(known[k][1], dknown[k][1])
+               for k in known)

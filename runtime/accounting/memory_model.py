@@ -70,7 +70,7 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
                  spec_rows: int | None = None, shard_rows: bool | None = None,
                  method: str = "crown", stream_chunk_bytes: int | None = None,
                  crown_rows: dict | None = None, row_tile: int | None = None,
-                 alpha_rows: dict | None = None) -> dict:
+                 alpha_rows: dict | None = None, alpha_neurons: dict | None = None) -> dict:
     """Predicted per-rank bytes: resident parameters, and the tracked peak of a run of
     `method` ("ibp" or "crown"). `shard_rows` None means single mode (whole parameters);
     False or True means fsdp without or with work sharding of the CROWN rows (the orders that
@@ -88,7 +88,9 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
     run's `Network.alpha_rows`) gives each intermediate start node's neurons with alphas; the
     peak is CROWN's or the optimisation's (`_alpha_phase_peak`), whichever is larger. Without
     `alpha_rows` (before any box is known: the planner) every neuron of every intermediate
-    pass is assumed to get alphas, the most a run can take.
+    pass is assumed to get alphas, the most a run can take. `alpha_neurons` (a run's
+    `Network.alpha_neurons`): the ops whose alphas were kept for some input neurons alone
+    (`SparseAlpha`), and how many.
 
     Replaying every backward pass costs the sum of their lengths: quadratic in depth (a chain
     of 20,000 ReLUs took minutes to compile). Only the largest peak is wanted, so each pass
@@ -143,7 +145,8 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
         if alpha_rows is None:
             alpha_rows = {nodes[t].name: math.prod(nodes[t].shape) for t, *_ in passes[:-1]}
         got = resident + passes[-1][3] + _alpha_phase_peak(
-            nodes, index, output, batch, rows, final_rows, alpha_rows, alpha_gathered)
+            nodes, index, output, batch, rows, final_rows, alpha_rows, alpha_gathered,
+            alpha_neurons or {})
         if got > peak:
             peak, where = got, ("full-alpha-crown", output)
     result = _result(resident, peak, where)
@@ -204,10 +207,15 @@ def register_method_model(name: str):
 # of the pass (its incoming A-matrix is a constant) keeps two, every later one four (its
 # A-matrix depends on earlier alphas); the input A-matrix is kept for the box terms.
 SAVED_FIRST, SAVED_LATER = 2, 4
+# The same for a ReLU whose alphas are kept for k inexact neurons alone (`SparseAlpha`): the
+# first op keeps tensors of (batch, rows, k) (the columns and their slopes), a later one
+# those and tensors of (batch, rows, op input) (the A-matrix and its negative part, for the
+# bias term's gradient). Measured with SavedTensorCounter on the zoo MLP and residual.
+SPARSE_FIRST, SPARSE_LATER = 2, 2
 
 
 def _alpha_phase_peak(nodes, index, output: str, batch: int, rows, final_rows: int,
-                      alpha_rows: dict, gathered: list) -> int:
+                      alpha_rows: dict, gathered: list, alpha_neurons: dict) -> int:
     """Bytes on top of resident parameters and held bounds while full alpha-CROWN optimises:
     every start node's alphas with Adam's two moments, plus the largest of one pass's
     steps: what its autograd graph saved so far, the step's A-matrices in and out and its
@@ -233,11 +241,18 @@ def _alpha_phase_peak(nodes, index, output: str, batch: int, rows, final_rows: i
         ops = [j for j in path if nodes[j].traits.relaxed and nodes[j].traits.has_alpha]
         if not ops:
             continue
-        alpha += 3 * batch * R * sum(numel(nodes[j].inputs[0]) for j in ops) * F32
+        alpha += 3 * batch * R * sum(alpha_neurons.get(nodes[j].name, numel(nodes[j].inputs[0]))
+                                     for j in ops) * F32
         saved, later, peak = 0, False, 0
         for j in path:
             node = nodes[j]
             ins = sum(numel(i) for i in node.inputs)
+            if j in ops and node.name in alpha_neurons:
+                k = alpha_neurons[node.name]
+                saved += (batch * R * (k * SPARSE_FIRST + (ins * SPARSE_LATER if later else 0))
+                          * F32 + batch * k)
+                later = True
+                continue
             if j in ops:
                 # masks (a byte each) and, past the first op, two lines of floats
                 saved += (batch * R * ins * (SAVED_LATER if later else SAVED_FIRST) * F32

@@ -37,7 +37,7 @@ from shardbound.runtime.accounting.ledger import MemoryLedger, tensor_bytes
 from shardbound.runtime.engine.interval_helpers import (StorageBytes, expand_rows, intersect,
                                                         interval_matvec, vacuous_nan)
 from shardbound.runtime.ops import Bounds, Op
-from shardbound.runtime.ops.patches import Patches, dense
+from shardbound.runtime.ops.patches import Patches, SparseAlpha, WindowAlpha, dense, frame
 from shardbound.runtime.parallel.rows import RowSplit, unit_rows
 
 METHODS = ("ibp", "crown", "alpha-crown", "full-alpha-crown")
@@ -75,6 +75,7 @@ class Network:
         # Full alpha-CROWN's start nodes -> neurons whose rows carry alphas (the memory
         # model); None when the last run optimised nothing
         self.alpha_rows: dict[str, int] | None = None
+        self.alpha_neurons: dict[str, int] = {}     # ops with SparseAlpha -> their neurons
         self.budget = None              # verify: a time budget checked per CROWN-bounded node
         # Sparse rows chosen under IBP recomputed from the CROWN-tightened bounds of earlier
         # nodes (fewer rows, as auto_LiRPA does; bounds equal or tighter on most models, but
@@ -210,7 +211,7 @@ class Network:
 
     def final_crown(self, ibp, known, lower, upper, C=None, alphas=None, input_A=None,
                     lower_only: bool = False, gather: bool = True, split_A=None,
-                    extra_A=None) -> Bounds:
+                    extra_A=None, alpha_layout=None) -> Bounds:
         """The last backward pass, from the output through C (with alpha slopes if given).
         Pass a dict as `input_A` to receive the lower-side A-matrix at the input ("lA");
         with `lower_only` the upper bound is not computed (returned as None); a dict as
@@ -234,7 +235,7 @@ class Network:
             hi = None if lower_only else torch.cat([p[1] for p in parts], dim=1)
         else:
             lo, hi = self.backward(self.output, spec[:, a:b], lower, upper, known, alphas,
-                                   input_A, lower_only, split_A, extra_A)
+                                   input_A, lower_only, split_A, extra_A, alpha_layout)
         ilo, ihi = self._ibp_spec(ibp[self.output.name], C, B)
         if not gather:
             return (torch.maximum(lo, ilo[:, a:b]),
@@ -415,21 +416,32 @@ class Network:
         return lo.reshape(base[0].shape), hi.reshape(base[1].shape)
 
     def backward(self, target: Op, A: torch.Tensor, lower, upper, known, alphas=None,
-                 input_A=None, lower_only: bool = False, split_A=None, extra_A=None) -> Bounds:
+                 input_A=None, lower_only: bool = False, split_A=None, extra_A=None,
+                 alpha_layout: dict | None = None) -> Bounds:
         """Propagate A (B, S, *target.shape) back to the input and concretise over the box.
-        With `lower_only`, the upper side is skipped and returned as None."""
+        With `lower_only`, the upper side is skipped and returned as None. `alpha_layout`:
+        see `_propagate`."""
         B, S = A.shape[:2]
         l_bias = torch.zeros(B, S, dtype=A.dtype, device=A.device)
         u_bias = torch.zeros(B, S, dtype=A.dtype, device=A.device)
         return self._propagate(target, {target.name: A},
                                {target.name: None if lower_only else A}, l_bias, u_bias,
-                               lower, upper, known, alphas, input_A, split_A, extra_A)
+                               lower, upper, known, alphas, input_A, split_A, extra_A,
+                               alpha_layout=alpha_layout)
 
     def _propagate(self, target: Op, lAs: dict, uAs: dict, l_bias, u_bias, lower, upper, known,
-                   alphas=None, input_A=None, split_A=None, extra_A=None, steps=None) -> Bounds:
+                   alphas=None, input_A=None, split_A=None, extra_A=None, steps=None,
+                   alpha_layout: dict | None = None) -> Bounds:
         """The backward pass from A-matrices standing at nodes up to `target` (lAs / uAs by
         node name; uAs None: lower side only) and the bias terms gathered so far, down to the
-        input, concretised over the box. `steps`, a list, receives the ops stepped through."""
+        input, concretised over the box. `steps`, a list, receives the ops stepped through.
+
+        `alpha_layout` (full alpha-CROWN, runtime/engine/full_alpha.py) says how the alphas of
+        the ops it names are laid out, instead of (B, S, *op shape): a Patches frame (the
+        windows of the rows in patches form that reach the op: alphas (B, S, C, ph, pw),
+        `WindowAlpha`, so the rows stay in patches form through it), or flat input indices
+        (alphas (B, S, k) of those neurons only, `SparseAlpha`). Without `alphas` the pass
+        fills it with the frames of every optimisable op that patches reach."""
         self.ledger.set("a_matrix", tensor_bytes([*lAs.values(), *uAs.values()]))
         lower_only = all(A is None for A in uAs.values())
         stop = self.nodes.index(target)
@@ -446,8 +458,21 @@ class Network:
             if extra_A is not None and n.name in extra_A:
                 lA = lA + extra_A[n.name]
             alpha = alphas.get(n.name) if alphas else None
+            if alpha_layout is not None and isinstance(lA, Patches) and n.has_alpha:
+                if alphas is None:
+                    alpha_layout[n.name] = frame(lA.origin, lA.window, lA.node_shape,
+                                                  lA.dtype, lA.device)
+                elif alpha is not None and isinstance(alpha_layout.get(n.name), Patches):
+                    if not torch.equal(lA.origin, alpha_layout[n.name].origin):
+                        raise RuntimeError(f"{n.name}: rows reach it at other windows than "
+                                           "its alphas were laid out for")
+                    alpha = WindowAlpha(alpha)
+            if alpha is not None and alpha_layout is not None and isinstance(
+                    alpha_layout.get(n.name), torch.Tensor):
+                alpha = SparseAlpha(alpha, alpha_layout[n.name])
             if (isinstance(lA, Patches) or isinstance(uA, Patches)) and (
-                    not n.accepts_patches or alpha is not None
+                    not n.accepts_patches or (alpha is not None
+                                              and not isinstance(alpha, WindowAlpha))
                     or (split_A is not None and (n.splittable or n.interval_splittable))):
                 lA, uA = (dense(lA),) * 2 if uA is lA else (dense(lA), dense(uA))
             in_bounds = [known.get(i) for i in n.inputs]

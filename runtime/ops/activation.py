@@ -50,6 +50,7 @@ class Relu(ElementwiseRelaxation):
     kind = "relu"
     tp_roles = ("elementwise",)
     has_alpha = True
+    alpha_slope_only = True
     splittable = True
 
     @classmethod

@@ -392,6 +392,37 @@ class Patches:
         return NotImplemented
 
 
+class WindowAlpha:
+    """Relaxation parameters of rows in patches form laid out as the rows' values are,
+    (B, S, C, ph, pw) at each row's window (full alpha-CROWN's per-start-node alphas under
+    `fast`: runtime/engine/full_alpha.py). A dense layout (B, S, C, H, W) would force the
+    rows dense at the op, and a parameter outside a row's window changes nothing (the row
+    is zero there). The engine wraps the tensor so that the op knows its layout."""
+
+    def __init__(self, values: torch.Tensor):
+        self.values = values
+
+
+class SparseAlpha:
+    """Relaxation parameters of some input neurons only: `values` (B, S, k) of the flat input
+    indices `index` (k,) (full alpha-CROWN: the neurons inexact in some box; a parameter of a
+    neuron whose relaxation is exact changes nothing). Only for ops whose alpha moves nothing
+    but the lower line's slope (`alpha_slope_only`)."""
+
+    def __init__(self, values: torch.Tensor, index: torch.Tensor):
+        self.values, self.index = values, index
+
+
+def frame(origin: torch.Tensor, window, node_shape, dtype=torch.float32, device=None
+          ) -> "Patches":
+    """Patches with these rows' windows and no values (zero boxes): what `gather` needs to
+    lay a tensor over the node out at the windows."""
+    ph, pw = window
+    values = torch.empty((0, origin.shape[0], node_shape[0], ph, pw), dtype=dtype,
+                         device=device)
+    return Patches(values, origin, node_shape)
+
+
 class WindowTable:
     """`Patches.window_table`'s result: windows per grid position, and how to index them."""
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from shardbound.runtime.ops.base import Op
-from shardbound.runtime.ops.patches import Patches
+from shardbound.runtime.ops.patches import Patches, SparseAlpha, WindowAlpha
 from shardbound.runtime.ops.patches import dense as _dense
 
 PATCH_STEP_CHUNK = 1 << 18     # elements of patch values per row chunk of the CROWN step
@@ -63,6 +63,9 @@ class ElementwiseRelaxation(Op):
 
     relaxed = True
     backward_memory = "separate"
+    # alpha moves only the lower line's slope, on inexact neurons, and that line has no
+    # intercept (ReLU): full alpha-CROWN then keeps alphas of the inexact neurons alone
+    alpha_slope_only = False
     alpha_saved = (2.05, 4.5)       # measured (ReLU): slopes' masks and the clamped A
     accepts_patches = True          # its lines are gathered at each row's window
 
@@ -116,6 +119,10 @@ class ElementwiseRelaxation(Op):
     def crown_backward(self, lA, uA, in_bounds, alpha=None):
         """`alpha`, when given, shapes the lower-bound side's lines (alpha-CROWN); the upper
         side keeps the default relaxation."""
+        if isinstance(alpha, WindowAlpha):
+            return self._crown_window_alpha(lA, uA, in_bounds[0], alpha.values)
+        if isinstance(alpha, SparseAlpha):
+            return self._crown_sparse_alpha(lA, uA, in_bounds[0], alpha)
         lo, hi = in_bounds[0]
         lo, hi = lo.unsqueeze(1), hi.unsqueeze(1)      # broadcast over the S rows
         lines = self.relax(lo, hi, alpha)
@@ -170,6 +177,62 @@ class ElementwiseRelaxation(Op):
             return [lA_in], [None], biases[0], None
         return [lA_in], [uA.with_values(outs[1], dirty=False)], biases[0], biases[1]
 
+    def _crown_sparse_alpha(self, lA, uA, bounds, alpha: SparseAlpha):
+        """The step with alphas of the neurons `alpha.index` only (`SparseAlpha`; ops with
+        `alpha_slope_only`): CROWN's lines on every column, then the columns of those neurons
+        again with the alpha lines, copied over. Per element it is the arithmetic of dense
+        alphas (B, S, *shape) holding CROWN's slopes elsewhere, and the bias terms are the
+        same (the alpha does not move the line that carries an intercept), so the bits are
+        theirs in every order; Adam then steps k instead of all neurons per row (bench cnn:
+        521 of 12,288 per row of the fc start node)."""
+        lo, hi = bounds
+        lA, uA = (_dense(lA),) * 2 if uA is lA else (_dense(lA), _dense(uA))
+        B, S = lA.shape[:2]
+        n = math.prod(lA.shape[2:])
+        base = self.relax(lo.unsqueeze(1), hi.unsqueeze(1), None)
+        idx = alpha.index
+        at = {k: t.reshape(t.shape[0], 1, n).index_select(-1, idx) for k, t in
+              (("lo", lo), ("hi", hi))}
+        lines = self.relax(at["lo"], at["hi"], alpha.values)
+        lA_in, l_bias = self._side(lA, base.lower_slope, base.lower_icpt, base.upper_slope,
+                                   base.upper_icpt, closed_form=True)
+        part, _ = self._side(lA.reshape(B, S, n).index_select(-1, idx), lines.lower_slope,
+                             None, lines.upper_slope, None, closed_form=True)
+        lA_in = lA_in.reshape(B, S, n).index_copy(-1, idx, part).reshape(lA.shape)
+        if uA is None:
+            return [lA_in], [None], l_bias, None
+        uA_in, u_bias = self._side(uA, base.upper_slope, base.upper_icpt, base.lower_slope,
+                                   base.lower_icpt)
+        return [lA_in], [uA_in], l_bias, u_bias
+
+    def _crown_window_alpha(self, lA: Patches, uA, bounds, alpha: torch.Tensor):
+        """The step on rows in patches form whose parameters `alpha` lie at their windows
+        (B, S, C, ph, pw; `WindowAlpha`): the input bounds gathered at the windows, the lines
+        made there (per row: alpha is), zero outside the grid as `_crown_patches`' gathered
+        lines are (the rows' entries there are left by a conv step, `Patches.dirty`). Each
+        line holds on its element's interval, so the step is as sound as the dense one; the
+        values inside the windows are the dense rows' products. Only under `fast` (the bias
+        terms sum over the windows; full alpha-CROWN keeps dense alphas under the ordered
+        summations)."""
+        lo, hi = bounds
+        lo_w, hi_w = lA.gather_many([lo.unsqueeze(1), hi.unsqueeze(1)])
+        inside = lA.inside()[None, :, None]
+        zero = torch.zeros((), dtype=lo_w.dtype, device=lo_w.device)
+
+        def at_windows(lines: Lines) -> dict:
+            got = {k: torch.where(inside, t, zero) for k, t in _line_tensors(lines).items()}
+            return {k: None if k not in got else (got[k], got[k]) for k in _LINE_NAMES}
+
+        g = at_windows(self.relax(lo_w, hi_w, alpha))
+        lA_in, l_bias = self._side_patches(lA, g["lower_slope"], g["lower_icpt"],
+                                           g["upper_slope"], g["upper_icpt"], closed_form=True)
+        if uA is None:
+            return [lA_in], [None], l_bias, None
+        g = at_windows(self.relax(lo_w, hi_w, None))
+        uA_in, u_bias = self._side_patches(uA, g["upper_slope"], g["upper_icpt"],
+                                           g["lower_slope"], g["lower_icpt"])
+        return [lA_in], [uA_in], l_bias, u_bias
+
     def _crown_patch_rows(self, lA, uA, lines: Lines, table=None):
         """`_crown_patches` on rows whose windows lie alike on both sides (`table`: the
         lines' windows per grid position, made once for all chunks of a step)."""
@@ -184,7 +247,7 @@ class ElementwiseRelaxation(Op):
                                            g["lower_slope"], g["lower_icpt"])
         return [lA_in], [uA_in], l_bias, u_bias
 
-    def _side(self, A, pos_slope, pos_icpt, neg_slope, neg_icpt):
+    def _side(self, A, pos_slope, pos_icpt, neg_slope, neg_icpt, closed_form: bool = False):
         """pos * pos_line + neg * neg_line with pos = max(A, 0), neg = A - pos: one clamp,
         and the bias terms summed in the program's order. Without gradients the step works
         in place: the full-size temporaries are pos and the result alone (bits are those of
@@ -197,6 +260,8 @@ class ElementwiseRelaxation(Op):
         if neg_icpt is not None:
             term = self._bias_dot(A - pos, neg_icpt, B, S)
             bias = term if bias is None else bias + term
+        if closed_form and _differentiable(A, pos_slope, neg_slope, pos_icpt, neg_icpt):
+            return _lines_step(A, pos, pos_slope, neg_slope), bias
         A_in = A * neg_slope
         step = pos_slope - neg_slope
         if _differentiable(A, pos_slope, neg_slope, pos_icpt, neg_icpt) \
@@ -205,7 +270,8 @@ class ElementwiseRelaxation(Op):
         pos.mul_(step)
         return A_in.add_(pos), bias
 
-    def _side_patches(self, A: Patches, pos_slope, pos_icpt, neg_slope, neg_icpt):
+    def _side_patches(self, A: Patches, pos_slope, pos_icpt, neg_slope, neg_icpt,
+                      closed_form: bool = False):
         """`_side` on rows in patches form; each line is (the full tensor, its values at the
         windows) or None. The same elementwise steps; the bias terms summed over the windows
         (`fast`) or over the dense rows (ordered summations: the dense bits)."""
@@ -225,11 +291,13 @@ class ElementwiseRelaxation(Op):
                 term = self._ordered_patch_dot(A.with_values(coef), icpt[0], B)
             bias = term if bias is None else bias + term
         ns = neg_slope[1]
+        grad = _differentiable(values, pos_slope[0], neg_slope[0], *(
+            line[0] for line in (pos_icpt, neg_icpt) if line is not None))
+        if closed_form and grad:
+            return A.with_values(_lines_step(values, pos, pos_slope[1], ns), dirty=False), bias
         A_in = values * ns
         step = pos_slope[1] - ns
-        if _differentiable(values, pos_slope[0], neg_slope[0], *(
-                line[0] for line in (pos_icpt, neg_icpt) if line is not None)) \
-                or A_in.shape != pos.shape:
+        if grad or A_in.shape != pos.shape:
             return A.with_values(A_in + pos * step, dirty=False), bias
         pos.mul_(step)
         return A.with_values(A_in.add_(pos), dirty=False), bias
@@ -271,6 +339,48 @@ class ElementwiseRelaxation(Op):
             n_up = self._dot(up.to(coef.dtype), ones)
         part = torch.where(n_up > 0, torch.full_like(part, math.inf), part)
         return torch.where(n_down > 0, torch.full_like(part, -math.inf), part)
+
+
+def _lines_step(A, pos, pos_slope, neg_slope):
+    """A * neg_slope + pos * (pos_slope - neg_slope) (pos = max(A, 0)) under autograd: through
+    `_LinesStep` (its gradient in closed form) where the result has A's shape, else composed.
+    Full alpha-CROWN's layouts only (`SparseAlpha`, `WindowAlpha`), whose saved tensors the
+    memory model counts as such; alpha-CROWN and beta-CROWN keep the composed ops (their
+    figures, runtime/accounting/alpha_model.py, were measured on them)."""
+    if not (isinstance(pos_slope, torch.Tensor) and isinstance(neg_slope, torch.Tensor)) \
+            or tuple(torch.broadcast_shapes(A.shape, pos_slope.shape, neg_slope.shape)) != \
+            tuple(A.shape):
+        return A * neg_slope + pos * (pos_slope - neg_slope)
+    return _LinesStep.apply(A, pos_slope, neg_slope)
+
+
+class _LinesStep(torch.autograd.Function):
+    """The CROWN step's product A * neg_slope + max(A, 0) * (pos_slope - neg_slope), the same
+    bits as composed, with its gradient in closed form: autograd of the composed ops kept pos,
+    the slope difference and clamp's mask per step and made ~8 full-size ops in backward (bench
+    cnn, full alpha-CROWN: a third of the time was clamp's and where's backward); here it keeps
+    A and the slopes, and makes d/dA = g * (A >= 0 ? pos_slope : neg_slope) (clamp's
+    subgradient at 0), d/dpos_slope = g * max(A, 0), d/dneg_slope = g * min(A, 0), each summed
+    to its operand's broadcast shape."""
+
+    @staticmethod
+    def forward(ctx, A, pos_slope, neg_slope):
+        pos = A.clamp(min=0)
+        out = A * neg_slope
+        ctx.save_for_backward(A, pos_slope, neg_slope)
+        return out.add_(pos.mul_(pos_slope - neg_slope))
+
+    @staticmethod
+    def backward(ctx, g):
+        A, pos_slope, neg_slope = ctx.saved_tensors
+        dA = dpos = dneg = None
+        if ctx.needs_input_grad[0]:
+            dA = g * torch.where(A >= 0, pos_slope, neg_slope)
+        if ctx.needs_input_grad[1]:
+            dpos = (g * A.clamp(min=0)).sum_to_size(pos_slope.shape)
+        if ctx.needs_input_grad[2]:
+            dneg = (g * A.clamp(max=0)).sum_to_size(neg_slope.shape)
+        return dA, dpos, dneg
 
 
 _LINE_NAMES = ("lower_slope", "lower_icpt", "upper_slope", "upper_icpt")
