@@ -84,7 +84,10 @@ def test_windowed_rows_hold_for_float64_and_every_float32_order(grid):
 
 def test_kept_alphas_are_on_the_memory_ledger(grid):
     """Full alpha-CROWN's kept parameters (real / float32 mode): one more copy of every alpha
-    in `alpha` while optimising, then `kept_alpha` until the root certificate drops them."""
+    in `alpha` while optimising, then `kept_alpha` until the root certificate drops them. The
+    copy while optimising is of the working alphas (unstable neurons only, SparseAlpha); the
+    replay is put back over the whole op (what the rigorous engine reads), so it is at least
+    as large."""
     from shardbound.runtime.engine.full_alpha import full_alpha_crown
     from shardbound.runtime.engine.optimise import alpha_bytes
 
@@ -101,7 +104,7 @@ def test_kept_alphas_are_on_the_memory_ledger(grid):
     kept = sum(alpha_bytes(a) // 3 for _, a in replay["nodes"].values()) + alpha_bytes(
         replay["final"]) // 3
     assert kept > 0 and net.ledger.current["kept_alpha"] == kept
-    assert peaks[False] == peaks[True] + kept
+    assert 0 < peaks[False] - peaks[True] <= kept
     net.ledger.set("kept_alpha", 0)
 
 
