@@ -142,6 +142,9 @@ def test_unclaimed_prestarted_verifier_is_stopped_and_prestart_can_be_off(instan
     stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)",
                                  "shardbound.compiler.prestart"], start_new_session=True)
     try:
+        # The state prepare_instance.sh leaves when it prestarted a process (with prestart
+        # off it creates no state folder; the fresh-venv run met this test first without one).
+        os.makedirs(state, exist_ok=True)
         with open(os.path.join(state, "run.pid"), "w", encoding="ascii") as f:
             f.write(f"{stand_in.pid}\n")
         with open(os.path.join(state, "ready"), "w", encoding="utf-8") as f:
