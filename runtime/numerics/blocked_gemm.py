@@ -179,18 +179,25 @@ def tree_product(x2: torch.Tensor, wp: torch.Tensor, N: int) -> tuple[torch.Tens
             y = y[:M, :N].clone()           # compact storage: the memory ledger counts it
         return y.add_(0.0), math.isfinite(y.sum().item())
     out = torch.empty((M, N), dtype=torch.float32, device=x2.device)
+    return out, _run_tiles(_tile, (x2, wp, N, out), tiles, T)
+
+
+def _run_tiles(tile_fn, args, tiles, T) -> bool:
+    """tile_fn(*args, *tile) for every tile: the first in this thread (MKL on one thread),
+    the others on the pool (sized by T, so every caller reuses it); whether all were
+    finite."""
     futures = []
     if len(tiles) > 1:
-        pool = _get_pool(T - 1)             # sized by T, so column tiles reuse it too
-        futures = [pool.submit(_tile, x2, wp, N, out, *t) for t in tiles[1:]]
+        pool = _get_pool(T - 1)
+        futures = [pool.submit(tile_fn, *args, *t) for t in tiles[1:]]
     prev = _MKL_LOCAL(1)
     try:
-        finite = _tile(x2, wp, N, out, *tiles[0])
+        finite = tile_fn(*args, *tiles[0])
     finally:
         _MKL_LOCAL(prev)
     for f in futures:
         finite = f.result() and finite
-    return out, finite
+    return finite
 
 
 # ----------------------------------------------------------------------------- few columns
@@ -212,18 +219,7 @@ def _few_columns(x2: torch.Tensor, w8: torch.Tensor, N: int, T: int) -> tuple[to
     tiles = [(0, M)]
     if T > 1 and M * N * x2.shape[1] >= _PAR_MIN_WORK and M >= T * MIN_COLS:
         tiles = [(M * i // T, M * (i + 1) // T) for i in range(T)]
-    futures = []
-    if len(tiles) > 1:
-        pool = _get_pool(T - 1)
-        futures = [pool.submit(_few_columns_tile, x2, w8, N, out, *t) for t in tiles[1:]]
-    prev = _MKL_LOCAL(1)
-    try:
-        finite = _few_columns_tile(x2, w8, N, out, *tiles[0])
-    finally:
-        _MKL_LOCAL(prev)
-    for f in futures:
-        finite = f.result() and finite
-    return out, finite
+    return out, _run_tiles(_few_columns_tile, (x2, w8, N, out), tiles, T)
 
 
 def _few_columns_tile(x2, w8, N, out, r0, r1) -> bool:
