@@ -219,8 +219,17 @@ class Conv2d(Op):
         """`_scatter_taps` of cols (N, Ho, Wo, C_in, kh, kw) (the differentiated layout)
         into (N, C_in, *out_hw): the same adds in the same order."""
         N, Ho, Wo, C_in, kh, kw = cols.shape
-        (sh, sw), (dh, dw) = self.strides, self.dilations
         out = cols.new_zeros((N, C_in, *out_hw))
+        for i, j, src, dst in self._taps(kh, kw, Ho, Wo, out_hw, offset):
+            out[(slice(None), slice(None), *dst)] += cols[(slice(None), *src, slice(None), i,
+                                                           j)].permute(0, 3, 1, 2)
+        return out
+
+    def _taps(self, kh, kw, Ho, Wo, out_hw, offset):
+        """(i, j, source (rows, cols) slices of the output grid, destination (rows, cols)
+        slices of the input grid) per kernel tap that lands inside `out_hw` from `offset`
+        on, in col2im's order ((i, j) row-major): what both tap scatters add."""
+        (sh, sw), (dh, dw) = self.strides, self.dilations
         for i in range(kh):
             ys = _tap_range(i * dh - offset[0], sh, Ho, out_hw[0])
             for j in range(kw):
@@ -228,9 +237,9 @@ class Conv2d(Op):
                 if ys is None or xs is None:
                     continue
                 (y0, ny, t0), (x0, nx, u0) = ys, xs
-                out[:, :, t0:t0 + sh * (ny - 1) + 1:sh, u0:u0 + sw * (nx - 1) + 1:sw] += \
-                    cols[:, y0:y0 + ny, x0:x0 + nx, :, i, j].permute(0, 3, 1, 2)
-        return out
+                rows = slice(t0, t0 + sh * (ny - 1) + 1, sh)
+                cols = slice(u0, u0 + sw * (nx - 1) + 1, sw)
+                yield i, j, (slice(y0, y0 + ny), slice(x0, x0 + nx)), (rows, cols)
 
     def _scatter_taps(self, cols, out_hw, offset=(0, 0)):
         """F.fold of cols (N, Ho, Wo, G, kh, kw, cin_g) into the padded grid, kept only on
@@ -241,18 +250,10 @@ class Conv2d(Op):
         per-tap reads were strided by the taps before, 3-4x slower) and the result is that
         grid viewed as (N, C_in, H, W); the layout changes no sum."""
         N, Ho, Wo, G, kh, kw, cin_g = cols.shape
-        (sh, sw), (dh, dw) = self.strides, self.dilations
         out = cols.new_zeros((N, *out_hw, G * cin_g))
         grid = out.view(N, *out_hw, G, cin_g)
-        for i in range(kh):
-            ys = _tap_range(i * dh - offset[0], sh, Ho, out_hw[0])
-            for j in range(kw):
-                xs = _tap_range(j * dw - offset[1], sw, Wo, out_hw[1])
-                if ys is None or xs is None:
-                    continue
-                (y0, ny, t0), (x0, nx, u0) = ys, xs
-                grid[:, t0:t0 + sh * (ny - 1) + 1:sh, u0:u0 + sw * (nx - 1) + 1:sw] += \
-                    cols[:, y0:y0 + ny, x0:x0 + nx, :, i, j]
+        for i, j, src, dst in self._taps(kh, kw, Ho, Wo, out_hw, offset):
+            grid[(slice(None), *dst)] += cols[(slice(None), *src, slice(None), i, j)]
         return out.permute(0, 3, 1, 2)
 
     def _group_weights_t(self, w, taps_major=True):
