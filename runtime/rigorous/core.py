@@ -80,6 +80,48 @@ def product_charge(L_in: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     return up(absdot_upper(L_in.reshape(B, S, -1), m.reshape(m.shape[0], 1, -1)) * (1.01 * U64))
 
 
+class RowAccount:
+    """One rigorous backward walk's running state, shared by the dense walk
+    (RigorousBounds._backward) and the windowed one (window.backward): the coefficients
+    arriving at each node (`acc`), the constant `c` of the lower bound (rounded down after
+    every change) and the magnitudes max(|l|, |h|) that product charges read (`mags`: a dict
+    the caller may keep across walks). `add(a, b, name)` sums two holders of one node's
+    coefficients: tensors, or windows (`.t`, `.crop`)."""
+
+    def __init__(self, target, L0, c, bounds, mags, add):
+        self.acc, self.c, self.bounds, self.mags, self._add = {target: L0}, c, bounds, mags, add
+
+    def mag(self, name, win=None):
+        if name not in self.mags:
+            lv, hv = self.bounds[name]
+            self.mags[name] = torch.maximum(lv.abs(), hv.abs()).unsqueeze(1)
+        m = self.mags[name]
+        return m if win is None else win.crop(m)
+
+    def gain(self, x):
+        """c + x, rounded down."""
+        self.c = down(self.c + x)
+
+    def charge(self, x):
+        """c - x, rounded down (a NaN charge takes everything)."""
+        if x is not None:
+            self.c = down(self.c - torch.nan_to_num(x, nan=math.inf))
+
+    def give(self, name, L_in, charge):
+        """L_in arrives at node `name` with its charge; a sum of two arrivals is charged one
+        rounded addition per element."""
+        self.charge(charge)
+        if name in self.acc:
+            total = self._add(self.acc[name], L_in, name)
+            if isinstance(total, torch.Tensor):
+                self.charge(product_charge(total, self.mag(name)))
+            else:
+                self.charge(product_charge(total.t, self.mag(name, total)))
+            self.acc[name] = total
+        else:
+            self.acc[name] = L_in
+
+
 def nan_vacuous(lo, hi):
     lo = torch.where(torch.isnan(lo), torch.full_like(lo, -math.inf), lo)
     hi = torch.where(torch.isnan(hi), torch.full_like(hi, math.inf), hi)

@@ -24,7 +24,7 @@ import torch
 
 from shardbound.runtime.errors import ShardboundError
 from shardbound.runtime.rigorous import window
-from shardbound.runtime.rigorous.core import (DT, absdot_upper, dot_lower, down, product_charge,
+from shardbound.runtime.rigorous.core import (DT, RowAccount, absdot_upper, dot_lower, down,
                                               step_class, up)
 
 SOUNDNESS = ("default", "real", "float32")
@@ -116,54 +116,32 @@ class RigorousBounds:
         (B, S, *shape)) is added to the coefficients arriving at a node (beta), `alphas`
         (node -> (B, S, ...)) go to the relaxations' steps."""
         B, S = L0.shape[:2]
-        acc = {target: L0}
-        c = torch.zeros(B, S, dtype=DT)
+        walk = RowAccount(target, L0, torch.zeros(B, S, dtype=DT), bounds, {},
+                          lambda a, b, name: a + b)
         stop = self.nodes.index(self.by_name[target])
-        mags = {}
-
-        def mag(name):
-            if name not in mags:
-                l, h = bounds[name]
-                mags[name] = torch.maximum(l.abs(), h.abs()).unsqueeze(1)
-            return mags[name]
-
-        def charge_(x):
-            nonlocal c
-            if x is not None:
-                c = down(c - torch.nan_to_num(x, nan=math.inf))
-
-        def give(name, L_in, charge):
-            charge_(charge)
-            if name in acc:
-                total = acc[name] + L_in
-                charge_(product_charge(total, mag(name)))
-                acc[name] = total
-            else:
-                acc[name] = L_in
-
         for n in reversed(self.nodes[:stop + 1]):
             if extra is not None and n.name in extra:
-                give(n.name, extra[n.name].to(DT), None)
-            L = acc.pop(n.name, None)
+                walk.give(n.name, extra[n.name].to(DT), None)
+            L = walk.acc.pop(n.name, None)
             if L is None:
                 continue
             if not n.inputs:
                 flatL = L.reshape(B, S, -1)
                 sel = torch.where(flatL >= 0, lo.reshape(B, 1, -1), hi.reshape(B, 1, -1))
-                c = down(c + dot_lower(flatL, sel))
+                walk.gain(dot_lower(flatL, sel))
                 continue
             if self.float32:
                 delta = self._delta[n.name]
                 if delta is not None:
-                    charge_(absdot_upper(L.reshape(B, S, -1), delta.reshape(B, 1, -1)))
+                    walk.charge(absdot_upper(L.reshape(B, S, -1), delta.reshape(B, 1, -1)))
             alpha = None if alphas is None else alphas.get(n.name)
-            parts, bias = n.back(L, [bounds[i] for i in n.inputs], [mag(i) for i in n.inputs],
-                                 alpha)
+            parts, bias = n.back(L, [bounds[i] for i in n.inputs],
+                                 [walk.mag(i) for i in n.inputs], alpha)
             if bias is not None:
-                c = down(c + bias)
+                walk.gain(bias)
             for name, (L_in, charge) in zip(n.inputs, parts):
-                give(name, L_in, charge)
-        return torch.nan_to_num(c, nan=-math.inf)
+                walk.give(name, L_in, charge)
+        return torch.nan_to_num(walk.c, nan=-math.inf)
 
     def _inexact(self, n, bounds):
         """Bool (B, *shape): where some relaxed consumer of n loses something with n's bounds."""

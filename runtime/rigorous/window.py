@@ -26,7 +26,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from shardbound.runtime.rigorous.core import DT, absdot_upper, dot_lower, down, product_charge
+from shardbound.runtime.rigorous.core import DT, RowAccount, absdot_upper, dot_lower
 
 
 def is_grid(shape) -> bool:
@@ -138,38 +138,12 @@ def backward(rig, target: str, L0: Win, bounds, lo, hi, alphas=None) -> torch.Te
     of L0 . value(target) over the boxes (`alphas`: node -> (B, S, ...), the relaxations'
     parameters; an elementwise step's are cropped with the row when they are per element)."""
     B, S = L0.t.shape[:2]
-    acc = {target: L0}
-    c = torch.zeros(B, S, dtype=DT)
+    walk = RowAccount(target, L0, torch.zeros(B, S, dtype=DT), bounds, rig._window_mags,
+                      lambda a, b, name: add(a, b, rig.by_name[name].shape))
+    mag = walk.mag
     stop = rig.nodes.index(rig.by_name[target])
-    mags = rig._window_mags
-
-    def mag(name, win=None):
-        if name not in mags:
-            lv, hv = bounds[name]
-            mags[name] = torch.maximum(lv.abs(), hv.abs()).unsqueeze(1)
-        m = mags[name]
-        return m if win is None else win.crop(m)
-
-    def charge_(x):
-        nonlocal c
-        if x is not None:
-            c = down(c - torch.nan_to_num(x, nan=math.inf))
-
-    def give(name, L_in, charge):
-        charge_(charge)
-        if name in acc:
-            shape = rig.by_name[name].shape
-            total = add(acc[name], L_in, shape)
-            if isinstance(total, torch.Tensor):
-                charge_(product_charge(total, mag(name)))
-            else:
-                charge_(product_charge(total.t, mag(name, total)))
-            acc[name] = total
-        else:
-            acc[name] = L_in
-
     for n in reversed(rig.nodes[:stop + 1]):
-        L = acc.pop(n.name, None)
+        L = walk.acc.pop(n.name, None)
         if L is None:
             continue
         win = L if isinstance(L, Win) else None
@@ -180,14 +154,14 @@ def backward(rig, target: str, L0: Win, bounds, lo, hi, alphas=None) -> torch.Te
             else:
                 lv, hv, flatL = lo, hi, L.reshape(B, S, -1)
             sel = torch.where(flatL >= 0, lv.reshape(B, 1, -1), hv.reshape(B, 1, -1))
-            c = down(c + dot_lower(flatL, sel))
+            walk.gain(dot_lower(flatL, sel))
             continue
         if rig.float32:
             delta = rig._delta[n.name]
             if delta is not None:
                 dv = delta if win is None else win.crop(delta)
                 t = L if win is None else win.t
-                charge_(absdot_upper(t.reshape(B, S, -1), dv.reshape(B, 1, -1)))
+                walk.charge(absdot_upper(t.reshape(B, S, -1), dv.reshape(B, 1, -1)))
         how = getattr(n, "window", None)
         alpha = None if alphas is None else alphas.get(n.name)
         if alpha is not None and win is not None and not (
@@ -209,11 +183,11 @@ def backward(rig, target: str, L0: Win, bounds, lo, hi, alphas=None) -> torch.Te
             parts = [(_as_window(L_in, rig.by_name[i].shape), charge)
                      for i, (L_in, charge) in zip(n.inputs, parts)]
         if bias is not None:
-            c = down(c + bias)
+            walk.gain(bias)
         for name, (L_in, charge) in zip(n.inputs, parts):
             if L_in is not None:
-                give(name, L_in, charge)
-    return torch.nan_to_num(c, nan=-math.inf)
+                walk.give(name, L_in, charge)
+    return torch.nan_to_num(walk.c, nan=-math.inf)
 
 
 def _as_window(L_in, shape):
