@@ -16,15 +16,20 @@ import zoo
 from conftest import random_box
 
 
+def _conv3x3(b, rng, x, c_in, c_out, stride=1):
+    """A 3x3 Conv with padding 1 and a bias (the models' one conv shape)."""
+    return b.op("Conv", [x, b.const(b.weight(c_out, c_in, 3, 3)),
+                         b.const(rng.normal(0, 0.1, (c_out,)))],
+                pads=[1, 1, 1, 1], strides=[stride, stride])
+
+
 def _conv_resnet(rng):
     """2x8x8 -> conv 4 3x3 s2 -> ReLU -> residual block (conv, ReLU, conv, Add, ReLU) ->
     gemm 3: windows that grow past the grid's edges, an Add of windows of two sizes."""
     b = zoo.Builder(rng, (2, 8, 8))
 
     def conv(x, c_in, c_out, stride=1):
-        return b.op("Conv", [x, b.const(b.weight(c_out, c_in, 3, 3)),
-                             b.const(rng.normal(0, 0.1, (c_out,)))],
-                    pads=[1, 1, 1, 1], strides=[stride, stride])
+        return _conv3x3(b, rng, x, c_in, c_out, stride)
 
     h = b.relu(conv("x", 2, 4, stride=2))
     r = conv(b.relu(conv(h, 4, 4)), 4, 4)
@@ -159,9 +164,7 @@ def _conv_chain(rng):
     b = zoo.Builder(rng, (2, 8, 8))
 
     def conv(x, c_in, c_out, stride=1):
-        return b.op("Conv", [x, b.const(b.weight(c_out, c_in, 3, 3)),
-                             b.const(rng.normal(0, 0.1, (c_out,)))],
-                    pads=[1, 1, 1, 1], strides=[stride, stride])
+        return _conv3x3(b, rng, x, c_in, c_out, stride)
 
     h = b.relu(conv("x", 2, 3, stride=2))
     h = b.relu(b.op("Add", [h, conv(conv(h, 3, 3), 3, 3)]))
