@@ -26,20 +26,26 @@ def shared_path(*parts) -> str:
     return path
 
 
-@pytest.fixture
-def compile_zoo(tmp_path):
-    """compile_zoo(name, **options) -> (verifier, onnx model, model path)."""
+def compile_zoo_in(directory, name, seed=0, **options):
+    """zoo model `name` saved and compiled under `directory` (a pathlib.Path), loaded:
+    (verifier, onnx model, model path). Module fixtures call it with their own folder."""
     from shardbound.compiler.driver import compile_model
     from shardbound.passes.manager import PassOptions
     from shardbound.runtime import load
 
+    model, _ = zoo.build(name, seed)
+    path = directory / f"{name}.onnx"
+    onnx.save(model, path)
+    out = directory / f"{name}_prog"
+    compile_model(str(path), str(out), PassOptions(**options))
+    return load(str(out)), model, str(path)
+
+
+@pytest.fixture
+def compile_zoo(tmp_path):
+    """compile_zoo(name, seed=0, **options) -> (verifier, onnx model, model path)."""
     def make(name, seed=0, **options):
-        model, _ = zoo.build(name, seed)
-        path = tmp_path / f"{name}.onnx"
-        onnx.save(model, path)
-        out = tmp_path / f"{name}_prog"
-        compile_model(str(path), str(out), PassOptions(**options))
-        return load(str(out)), model, str(path)
+        return compile_zoo_in(tmp_path, name, seed, **options)
 
     return make
 

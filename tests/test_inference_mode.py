@@ -4,23 +4,15 @@ own work (runtime/program/grad_mode.py). Before, every model with a smooth funct
 softmax failed with "Inference tensors do not track version counter"."""
 from __future__ import annotations
 
-import onnx
 import pytest
 import torch
 
-import zoo
-from shardbound.compiler.driver import compile_model
-from shardbound.passes.manager import PassOptions
-from shardbound.runtime import load
+from conftest import compile_zoo_in
 
 
 @pytest.fixture(scope="module")
 def verifier(tmp_path_factory):
-    d = tmp_path_factory.mktemp("inference_mode")
-    model, _ = zoo.build("sigmoid_mlp")
-    onnx.save(model, d / "m.onnx")
-    compile_model(str(d / "m.onnx"), str(d / "prog"), PassOptions())
-    return load(str(d / "prog"))
+    return compile_zoo_in(tmp_path_factory.mktemp("inference_mode"), "sigmoid_mlp")[0]
 
 
 def _box(v):
