@@ -6,17 +6,17 @@ and the per-domain bounds against single mode's (bitwise, `blocked`).
 
 One instance: zoo.mlp (seed 11) with --widths, the box [-0.5, 0.5]^n, the rows y0 - y_j
 (j = 1..--rows, one conjunction) and per row a threshold --share of the way from CROWN's
-bound up to the lowest value PGD finds (unsat, needs branching: 617 domains by default).
-It is compiled once in single mode and once in fsdp (`blocked`, the default); `relu_split` runs on the root box with CROWN's intermediate bounds as the prior and
-a fixed batch (--batch), in this process for single mode and on P gloo ranks
-(runtime/parallel/launch.py) for fsdp. Per run: the verdict, domains, rounds, collectives per
-round (rank 0's count), CPU seconds of the branch and bound (process time, summed over the
-ranks) and domains per CPU second, each rank's peak tracked bytes during branch and bound (the ledger) against the
-memory model's figure for the round (`batch_memory.bab_round_peak`), the peaks of
-beta-CROWN's alphas, betas and Adam moments and of its autograd-saved tensors (the ledger's
-alpha and autograd, added), and the SHA-256 of
-every round's per-domain lower bounds and the verdict (`relu_split(trace=)`), which must
-equal single mode's.
+bound up to the lowest value PGD finds (unsat, needs branching: 617 domains by default). It
+is compiled once in single mode and once in fsdp (`blocked`, the default); `relu_split` runs
+on the root box with CROWN's intermediate bounds as the prior and a fixed batch (--batch),
+in this process for single mode and on P gloo ranks (runtime/parallel/launch.py) for fsdp.
+Per run: the verdict, domains, rounds, collectives per round (rank 0's count), CPU seconds
+of the branch and bound (process time, summed over the ranks) and domains per CPU second,
+each rank's peak tracked bytes during branch and bound (the ledger) against the memory
+model's figure for the round (`batch_memory.bab_round_peak`), the peaks of beta-CROWN's
+alphas, betas and Adam moments and of its autograd-saved tensors (the ledger's alpha and
+autograd, added), and the SHA-256 of every round's per-domain lower bounds and the verdict
+(`relu_split(trace=)`), which must equal single mode's.
 """
 
 from __future__ import annotations

@@ -11,9 +11,10 @@ writes, per entry and method, the bounds_sha256 and the memory ledger (max over 
 the bounds themselves when JOB has "bounds": true. An entry with "specs" (spec.json files as
 `shardbound verify` writes them) is verified instead: per spec, the verdict and the SHA-256
 of its VNN-COMP result text and the stage that decided it. An entry with "bab" (C, d,
-lower, upper, batch, timeout) runs ReLU branch and bound (`relu_split`) on that one
-conjunction from the box's CROWN bounds: the verdict, domains, and as "sha" the SHA-256 of
-every round's per-domain lower bounds and the verdict (method "relu-bab").
+lower, upper, batch, timeout, and "options": relu_split's keywords) runs ReLU branch and
+bound (`relu_split`) on that one conjunction from the box's CROWN bounds: the verdict,
+domains, and as "sha" the SHA-256 of every round's per-domain lower bounds and the verdict
+(method "relu-bab").
 Loading many programs in one job keeps the multi-rank tests to a few process launches.
 """
 
@@ -146,7 +147,7 @@ def _relu_bab(verifier, entry, comm) -> dict:
     trace = []
     res = relu_split(net, C, d, np.zeros(len(d), dtype=int), lo, hi,
                      time.monotonic() + job["timeout"], agree, is_violation, batch=job["batch"],
-                     root_prior=prior, trace=trace)
+                     root_prior=prior, trace=trace, **job.get("options", {}))
     h = hashlib.sha256(res.verdict.encode())
     for lb in trace:
         h.update(lb.contiguous().numpy().tobytes())

@@ -21,7 +21,7 @@ import pytest
 
 import zoo
 from conftest import random_box
-from multirank import box_entry, compile_to, run_job
+from multirank import ALPHA_ITERATIONS, box_entry, compile_to, run_job
 from test_verify import _parse_result, _write_property
 
 pytestmark = pytest.mark.multirank     # jobs of several processes (pyproject.toml)
@@ -74,9 +74,12 @@ GUESTS = {"vit_tiny": ({("fsdp", 2), ("fsdp", 3), ("tp", 2)}, ["ibp", "crown"]),
 
 # ReLU branch and bound in fsdp (issue 18: each rank bounds its share of a round's (domain,
 # row) pairs, runtime/verification/row_pairs.py): relu_split on a small MLP with two spec rows
-# whose property takes 4 rounds of branching (11 domains, batch 4: rounds of 2 to 8 pairs, so
+# whose property takes 4 rounds of branching (9 domains, batch 4: rounds of 2 to 8 pairs, so
 # P = 4 also meets ranks with a stand-in pair), single mode (P = 1, in this process) against
 # fsdp on P = 2 and 4, the rounds' per-domain bounds bitwise (tests/rank_driver.py "bab").
+# 3 beta-CROWN iterations (as the jobs' alpha-CROWN, multirank.ALPHA_ITERATIONS) and no
+# attacks inside domains (replicated forward passes, not the split): a collective costs
+# ~1 ms of CPU per rank at P = 4 on the loaded 2 cores, and 20 iterations were ~270 a round.
 BAB_WORLDS = (2, 4)
 
 
@@ -103,7 +106,7 @@ def bab_guest(op_zoo):
         lb = float(net.crown(lo.reshape(1, -1), hi.reshape(1, -1), C[r:r + 1])[0])
         d.append(lb + 0.35 * (found - lb))
     job = {"C": C.tolist(), "d": d, "lower": lo.tolist(), "upper": hi.tolist(), "batch": 4,
-           "timeout": 60}
+           "timeout": 60, "options": {"iterations": ALPHA_ITERATIONS, "attack_domains": 0}}
     return dirs, job
 
 
