@@ -10,7 +10,11 @@ entries' bound methods, default the engines' own); rank 0
 writes, per entry and method, the bounds_sha256 and the memory ledger (max over ranks), and
 the bounds themselves when JOB has "bounds": true. An entry with "specs" (spec.json files as
 `shardbound verify` writes them) is verified instead: per spec, the verdict and the SHA-256
-of its VNN-COMP result text and the stage that decided it.
+of its VNN-COMP result text and the stage that decided it. An entry with "bab" (C, d,
+lower, upper, batch, timeout, and "options": relu_split's keywords) runs ReLU branch and
+bound (`relu_split`) on that one conjunction from the box's CROWN bounds: the verdict,
+domains, and as "sha" the SHA-256 of every round's per-domain lower bounds and the verdict
+(method "relu-bab").
 Loading many programs in one job keeps the multi-rank tests to a few process launches.
 """
 
@@ -39,6 +43,9 @@ def main(job_path, out_path):
         verifier = load(entry["dir"], comm=comm)
         if "specs" in entry:
             results += _verify_all(verifier, entry, comm)
+            continue
+        if "bab" in entry:
+            results.append(_relu_bab(verifier, entry, comm))
             continue
         if job.get("gradients") or entry.get("gradients"):
             results.append(_forward_and_gradient(verifier, entry))
@@ -107,6 +114,45 @@ def _verify_all(verifier, entry, comm) -> list[dict]:
                     "text": text, "sha": hashlib.sha256(text.encode()).hexdigest(),
                     "decided": None if result.decided is None else result.decided.stage})
     return out
+
+
+def _relu_bab(verifier, entry, comm) -> dict:
+    """relu_split on entry["bab"]'s conjunction, the box's CROWN intermediate bounds as the
+    root prior, a fixed batch; the rounds' per-domain bounds hashed with the verdict."""
+    import hashlib
+    import time
+
+    import numpy as np
+
+    from shardbound.runtime.verification.relu_split import relu_split
+
+    job, net = entry["bab"], verifier.network
+    C = torch.tensor(job["C"], dtype=torch.float32)
+    d = np.array(job["d"])
+    lo = torch.tensor(job["lower"], dtype=torch.float32)
+    hi = torch.tensor(job["upper"], dtype=torch.float32)
+    shape = (1, *net.input_shape)
+
+    def agree(flag):
+        return bool(comm.all_reduce_max(torch.tensor([float(flag)]))[0] > 0)
+
+    def is_violation(xs):
+        with torch.no_grad():
+            m = net.forward(xs.reshape(-1, *net.input_shape)).reshape(len(xs), -1) @ C.T
+        hit = torch.nonzero((m.double() <= torch.from_numpy(d)).all(dim=1)).reshape(-1)
+        return int(hit[0]) if len(hit) else None
+
+    with torch.no_grad():
+        _, prior = net.intermediate_bounds(lo.reshape(shape), hi.reshape(shape))
+    trace = []
+    res = relu_split(net, C, d, np.zeros(len(d), dtype=int), lo, hi,
+                     time.monotonic() + job["timeout"], agree, is_violation, batch=job["batch"],
+                     root_prior=prior, trace=trace, **job.get("options", {}))
+    h = hashlib.sha256(res.verdict.encode())
+    for lb in trace:
+        h.update(lb.contiguous().numpy().tobytes())
+    return {"dir": entry["dir"], "method": "relu-bab", "sha": h.hexdigest(),
+            "verdict": res.verdict, "domains": res.domains, "rounds": len(trace)}
 
 
 def _crown_with_prior(verifier, entry):

@@ -6,7 +6,9 @@ onnxruntime, result files byte-identical to single mode's), plus an unsat proper
 branch and bound: on every model in single mode, and on one model in all three modes (branch
 and bound over ranks costs a collective per round: the suite's time budget decides). The wide
 tp_* models (zones of 260-520 channels) take part in the bitwise bounds test only, and so do
-the guests (GUESTS: the tiny ViT and test_gated's smooth and LayerNorm zones). A few
+the guests (GUESTS: the tiny ViT and test_gated's smooth and LayerNorm zones). ReLU branch
+and bound on a small MLP (bab_guest) runs in the fsdp jobs of P = 2 and 4, every round's
+per-domain bounds bitwise single mode's. A few
 process launches in all: one job per P runs every model's bounds in each mode with that P,
 and verifies the properties too (P = 1, single and fsdp, in this process; P = 2: fsdp and
 tp)."""
@@ -19,7 +21,7 @@ import pytest
 
 import zoo
 from conftest import random_box
-from multirank import box_entry, compile_to, run_job
+from multirank import ALPHA_ITERATIONS, box_entry, compile_to, run_job
 from test_verify import _parse_result, _write_property
 
 pytestmark = pytest.mark.multirank     # jobs of several processes (pyproject.toml)
@@ -70,6 +72,44 @@ GUESTS = {"vit_tiny": ({("fsdp", 2), ("fsdp", 3), ("tp", 2)}, ["ibp", "crown"]),
           "ln_relu_block": (EVERY_SHARDED_RUN, METHODS)}
 
 
+# ReLU branch and bound in fsdp (issue 18: each rank bounds its share of a round's (domain,
+# row) pairs, runtime/verification/row_pairs.py): relu_split on a small MLP with two spec rows
+# whose property takes 4 rounds of branching (9 domains, batch 4: rounds of 2 to 8 pairs, so
+# P = 4 also meets ranks with a stand-in pair), single mode (P = 1, in this process) against
+# fsdp on P = 2 and 4, the rounds' per-domain bounds bitwise (tests/rank_driver.py "bab").
+# 3 beta-CROWN iterations (as the jobs' alpha-CROWN, multirank.ALPHA_ITERATIONS) and no
+# attacks inside domains (replicated forward passes, not the split): a collective costs
+# ~1 ms of CPU per rank at P = 4 on the loaded 2 cores, and 20 iterations were ~270 a round.
+BAB_WORLDS = (2, 4)
+
+
+@pytest.fixture(scope="module")
+def bab_guest(op_zoo):
+    """(single and fsdp program dirs, the rank driver's "bab" job)."""
+    import torch
+    from shardbound.runtime.program.loader import load
+    from soundness import attack_min
+
+    tmp, _ = op_zoo
+    model, _ = zoo.mlp(np.random.default_rng(11), sizes=(20, 24, 24, 3))
+    path = tmp / "bab_mlp.onnx"
+    onnx.save(model, path)
+    dirs = {mode: compile_to(str(path), str(tmp / f"bab_mlp_{mode}"), mode=mode,
+                             summation="blocked") for mode in ("single", "fsdp")}
+    net = load(dirs["single"]).network
+    C = torch.tensor([[1.0, -1.0, 0.0], [1.0, 0.0, -1.0]])
+    lo, hi = torch.full((20,), -0.5), torch.full((20,), 0.5)
+    fwd = lambda x: net.forward(x.reshape(-1, 20)).reshape(len(x), -1)       # noqa: E731
+    d = []
+    for r in range(2):          # 35% of the way from CROWN's bound to the attack's minimum
+        found = attack_min(fwd, lo, hi, C[r:r + 1], torch.Generator().manual_seed(0), n=2000)
+        lb = float(net.crown(lo.reshape(1, -1), hi.reshape(1, -1), C[r:r + 1])[0])
+        d.append(lb + 0.35 * (found - lb))
+    job = {"C": C.tolist(), "d": d, "lower": lo.tolist(), "upper": hi.tolist(), "batch": 4,
+           "timeout": 60, "options": {"iterations": ALPHA_ITERATIONS, "attack_domains": 0}}
+    return dirs, job
+
+
 def _guest_box(name, shape):
     """The ViT: radius 0.02 around an image in [0, 1]; the others: multirank.zoo_cases' box
     (seed 5, radius 0.2), the box test_gated's jobs used."""
@@ -110,7 +150,7 @@ VERIFY_WORLD = {"single": 1, "fsdp": 2, "tp": 2}
 
 
 @pytest.fixture(scope="module")
-def runs(op_zoo, guests):
+def runs(op_zoo, guests, bab_guest):
     """{(mode, P): results} of one job per world size: every model's bounds (METHODS) in
     each mode of BOUND_WORLDS that has this P, the guests' in their runs (and single mode),
     and the properties of _properties verified on VERIFY_WORLD (tp_* models: bounds only) in
@@ -130,6 +170,8 @@ def runs(op_zoo, guests):
             if P in BOUND_WORLDS.get(mode, ()):
                 entries += _entries(models, mode)
             entries += _guest_entries(guests, mode, P)
+            if (mode, P) in {("single", 1), *(("fsdp", p) for p in BAB_WORLDS)}:
+                entries.append({"dir": bab_guest[0][mode], "bab": bab_guest[1]})
             if VERIFY_WORLD[mode] == P:
                 entries += [{"dir": m["dirs"][mode],
                              "specs": [s for s, _ in specs[name] if _runs_in(mode, name, s)],
@@ -155,6 +197,17 @@ def test_fsdp_and_tp_bounds_bitwise_equal_single(op_zoo, guests, runs):
                 for method in METHODS:
                     assert (got[(m["dirs"][mode], method)]["sha"]
                             == single[(m["dirs"]["single"], method)]["sha"]), (name, mode, P, method)
+
+
+def test_fsdp_relu_bab_bitwise_equal_single(bab_guest, runs):
+    dirs, _ = bab_guest
+    results = runs[2]
+    single = results[("single", 1)][(dirs["single"], "relu-bab")]
+    assert single["verdict"] == "unsat" and single["rounds"] >= 3, single
+    for P in BAB_WORLDS:
+        got = results[("fsdp", P)][(dirs["fsdp"], "relu-bab")]
+        assert (got["verdict"], got["domains"], got["sha"]) == (
+            single["verdict"], single["domains"], single["sha"]), P
 
 
 def _properties(tmp, name, m):

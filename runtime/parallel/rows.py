@@ -10,6 +10,9 @@ single mode. With `fast` the split would change bits, so it stays off there.
 
 from __future__ import annotations
 
+import contextlib
+import math
+
 import torch
 
 from shardbound.runtime.parallel.dist import SingleComm
@@ -46,6 +49,35 @@ class RowSplit:
         flat = self.comm.all_gather_flat(padded.reshape(-1))
         every = flat.reshape(P, B, size, *rest).transpose(0, 1).reshape(B, P * size, *rest)
         return every[:, :rows].contiguous()
+
+    def gather_parts(self, parts: list[torch.Tensor], rows: int) -> list[torch.Tensor]:
+        """Tensors (local rows, *rest_i) of this rank's share of `rows` (`my_range`) -> the
+        same tensors over all rows (rows, *rest_i), in rank order, in one collective (the parts
+        are packed side by side as float32: one all-gather per call, not one per tensor)."""
+        if not self.enabled:
+            return parts
+        local = parts[0].shape[0]
+        flat = torch.cat([p.detach().reshape(local, -1).to(torch.float32) for p in parts], dim=1)
+        every = self.gather(flat.unsqueeze(0), rows)[0]
+        out, at = [], 0
+        for p in parts:
+            width = math.prod(p.shape[1:])
+            out.append(every[:, at:at + width].reshape(rows, *p.shape[1:]).to(p.dtype))
+            at += width
+        return out
+
+    @contextlib.contextmanager
+    def local(self):
+        """Row sharding off inside: this rank bounds every row of what it is given, its share
+        of a split made outside (branch and bound's (domain, row) pairs, runtime/verification/
+        row_pairs.py). fsdp's weight gathers are still collectives, so every rank must run
+        the same kernels inside (a rank with no share recomputes a stand-in, as `my_range`)."""
+        was = self.enabled
+        self.enabled = False
+        try:
+            yield
+        finally:
+            self.enabled = was
 
 
 def unit_rows(index: torch.Tensor, size: int, dtype=torch.float32, device=None) -> torch.Tensor:

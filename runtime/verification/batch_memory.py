@@ -122,3 +122,32 @@ def input_batch_for_memory(network, rows: int, batch: int, agree=lambda f: f,
     if ceiling is True:
         ceiling = default_budget_bytes(network)
     return fit_batch(batch, lambda n: one + (n - 1) * slope, ceiling, agree)
+
+
+def bab_round_peak(network, batch: int, rows: int) -> int:
+    """The memory model's per-rank peak of one ReLU branch-and-bound round of `batch` domains
+    with `rows` spec rows on this network (its mode, P, stream chunk and row tile): the
+    larger of CROWN on the batch (intermediate passes: each rank its share of the neuron
+    rows of every domain) and beta-CROWN, which in fsdp with row sharding runs on this
+    rank's share of the batch's (domain, row) pairs, each a box with one spec row
+    (`pair_split`), and elsewhere on the batch with every row. What the bench reports as
+    predicted against the ledger's measured peak (bench/bab_fsdp.py)."""
+    from shardbound.runtime.accounting.memory_model import network_shapes, predict_peak
+
+    setup = network.memory_setup or {"fsdp": False, "stream_chunk_bytes": None}
+    comm = getattr(network, "comm", None)
+    world = max(1, int(getattr(comm, "world", 1) or 1))
+    shard = network.rows.enabled if setup["fsdp"] else None
+    common = dict(shard_rows=shard, stream_chunk_bytes=setup["stream_chunk_bytes"],
+                  row_tile=network.row_tile)
+    shapes = network_shapes(network)
+    out = network.output.name
+    crown = predict_peak(shapes, out, world, batch=batch, spec_rows=rows, method="crown",
+                         **common)["peak_tracked_bytes"]
+    if network.rows.enabled:
+        boxes, per_box = -(-batch * rows // world), 1
+    else:
+        boxes, per_box = batch, rows
+    beta = predict_peak(shapes, out, world, batch=boxes, spec_rows=per_box,
+                        method="beta-crown", **common)["peak_tracked_bytes"]
+    return max(crown, beta)

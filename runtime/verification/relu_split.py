@@ -52,7 +52,7 @@ from shardbound.runtime.verification.batch_memory import batch_for_memory, memor
 from shardbound.runtime.verification.certificate import certified, cut_dict, no_cuts
 from shardbound.runtime.verification.falsify import split_pgd
 from shardbound.runtime.verification.input_split import closeness, refuted_conjunctions
-from shardbound.runtime.verification.row_pairs import optimise_pairs
+from shardbound.runtime.verification.row_pairs import crown_pairs, optimise_pairs
 from shardbound.runtime.engine.beta import DEFAULT_ITERATIONS, beta_crown
 
 MAX_DOMAINS = 50_000      # each keeps its parent's intermediate bounds: ~8 bytes a neuron
@@ -143,7 +143,7 @@ def _fsb_choice(network, relus, names, offsets, known, ibp, lo_flat, hi_flat, C,
     clo = lo_flat.expand(m, -1).reshape(shape).to(network.device)
     chi = hi_flat.expand(m, -1).reshape(shape).to(network.device)
     with torch.no_grad():
-        lb, _ = network.final_crown(child_ibp, child_known, clo, chi, C, lower_only=True)
+        lb = crown_pairs(network, child_ibp, child_known, clo, chi, C)
     if parent_lb is not None:
         lb = torch.maximum(lb.cpu(), parent_lb.repeat_interleave(2 * k, dim=0))
     n_conj = int(owner.max()) + 1
@@ -308,7 +308,7 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
                root_prior=None, stop=None, certify=None, attack_domains: int = ATTACK_DOMAINS,
                final_share: float = FINAL_SHARE, fsb: int = FSB_CANDIDATES,
                warm_start: bool = True, warm_betas: bool = True, keep_state: bool = False,
-               resume: BabState | None = None) -> ReluBabResult:
+               resume: BabState | None = None, trace: list | None = None) -> ReluBabResult:
     """Prove or refute {x in [lo, hi]: some conjunction of C f(x) <= d} by ReLU splitting.
 
     agree(flag) -> bool: the flag OR-ed over ranks. is_violation(x (N, n)) -> index of a
@@ -323,6 +323,8 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
     keep_state: a "timeout" carries the open tree (`BabState`); `resume` continues such a
     tree (same network, box and spec) with `root_prior` intersected into every open
     domain's bounds (runtime/verification/bab_state.py: a prior that holds on the box).
+    trace: a list that receives each round's per-domain lower bounds (take, S) after
+    beta-CROWN, for bitwise comparisons between modes (bench/bab_fsdp.py, the rank jobs).
 
     Counterexample search runs alongside the proof: domains are refined most violated first
     (the lowest CROWN / beta-CROWN margin, inherited by the children), every open domain's
@@ -367,10 +369,11 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
     key = torch.zeros(1, dtype=torch.float64)   # the parent's margin: most violated first
     # Default mode: the parents' bounds per spec row, which hold on their children (a
     # subset), so a row a parent proved stays proved and beta-CROWN optimises only the open
-    # (domain, row) pairs (row_pairs.py; whole domains under row sharding). --soundness
-    # real/float32 certifies each leaf on its own, so there every row is bounded afresh.
+    # (domain, row) pairs (row_pairs.py; in fsdp each rank its share of them). --soundness
+    # real/float32 certifies each leaf on its own, so there every row is bounded afresh
+    # (whole domains; under row sharding each rank a slice of every domain's rows).
     carry = certify is None
-    by_pairs = carry and not network.rows.enabled
+    by_pairs = carry
     plb = torch.full((1, C.shape[0]), -math.inf)
     store = WarmAlphas(KEPT_ALPHA_BYTES if warm_start else 0)
     warm = torch.zeros(1, 0)                     # (N, alpha width): the parents' alphas
@@ -431,8 +434,7 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         with torch.no_grad():
             ibp, known = network.intermediate_bounds(blo, bhi, splits=splits, prior=prior)
             grab, split_A = {}, {}
-            lb, _ = network.final_crown(ibp, known, blo, bhi, Cd, input_A=grab, lower_only=True,
-                                        split_A=split_A)
+            lb = crown_pairs(network, ibp, known, blo, bhi, Cd, input_A=grab, split_A=split_A)
         bounded += take
         rounds += 1
         lb = lb.cpu()
@@ -478,6 +480,8 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
             if beta_lA is not None:
                 lA = lA.clone()
                 lA[idx] = beta_lA.reshape(len(idx), C.shape[0], -1)
+        if trace is not None:
+            trace.append(lb.clone())
         done = refuted.all(dim=1) | empty
         if certify is not None and bool(done.any()):
             cut = None if bcuts is None else cut_dict(bcuts, relus, names, local, n_sign)
