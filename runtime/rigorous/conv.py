@@ -77,15 +77,14 @@ class ConvGeometry:
         fx, nx = self._span(1, x0, w)[:2]
         return fy, fx, ny, nx
 
-    def conv_back_window(self, win: Win, w, w_taps=None) -> Win:
+    def conv_back_window(self, win: Win, w) -> Win:
         """The adjoint of a window of output positions: only its windows' taps, cropped to
         the input grid. The columns are the im2col product (each tap's contraction over
-        the output channels, with the weights' columns in tap-major order: `taps_major`),
-        then each tap's column is added where it lands on the input grid, taps in col2im's
-        order from zero: every element the same sum of the same products as F.fold's and a
-        crop (any order: the gamma bound does not depend on it), without F.fold's
-        per-element loop (42% of TinyYOLO's rigorous CROWN) or its positions outside the
-        crop. `w_taps`: `taps_major(w)`, when the caller keeps it."""
+        the output channels), then each tap's column is added where it lands inside the
+        crop, channels-last, taps in col2im's order from zero: every element the same sum
+        as F.fold's and a crop, bit for bit, without F.fold's per-element loop (42% of
+        TinyYOLO's rigorous CROWN) or its positions outside the crop. (Weights' columns in
+        tap-major order would make the reads contiguous, but change the product's bits.)"""
         y0, x0, h, wd = win.box
         fy, ny, cy, _ = self._span(0, y0, h)
         fx, nx, cx, _ = self._span(1, x0, wd)
@@ -94,15 +93,14 @@ class ConvGeometry:
         G, k = self.groups, math.prod(w.shape[1:])
         cin_g, (kh, kw) = w.shape[1], self.kernel
         og = Cout // G
-        w2 = self.taps_major(w) if w_taps is None else w_taps
+        w2 = w.reshape(Cout, k)
         A2 = A.reshape(N, Cout, -1).transpose(1, 2)                       # (N, h*w, Cout)
         if og == 1 and G > 1:       # depthwise (average pooling): one product per column
-            cols = (A2.unsqueeze(-1) * w2.reshape(1, 1, G, k)).reshape(N, h, wd, G, kh, kw,
-                                                                       cin_g)
+            cols = (A2.unsqueeze(-1) * w2.reshape(1, 1, G, k))
         else:
-            parts = [(A2[..., g * og:(g + 1) * og] @ w2[g * og:(g + 1) * og])
-                     .reshape(N, h, wd, 1, kh, kw, cin_g) for g in range(G)]
-            cols = torch.cat(parts, 3) if G > 1 else parts[0]
+            parts = [(A2[..., g * og:(g + 1) * og] @ w2[g * og:(g + 1) * og]) for g in range(G)]
+            cols = torch.cat(parts, -1) if G > 1 else parts[0]
+        cols = cols.reshape(N, h, wd, G, cin_g, kh, kw)
         out = A.new_zeros((N, ny, nx, G, cin_g))                          # channels-last
         (sh, sw), (dh, dw) = self.strides, self.dilations
         for i in range(kh):
@@ -113,13 +111,8 @@ class ConvGeometry:
                     continue
                 (a, n_y, t0), (b, n_x, u0) = ys, xs
                 out[:, t0:t0 + sh * (n_y - 1) + 1:sh, u0:u0 + sw * (n_x - 1) + 1:sw] += \
-                    cols[:, a:a + n_y, b:b + n_x, :, i, j]
-        return Win(out.reshape(N, ny, nx, G * cin_g).permute(0, 3, 1, 2), fy, fx)
-
-    @staticmethod
-    def taps_major(w):
-        """w (Cout, cin_g, kh, kw) as (Cout, kh*kw*cin_g): taps outer, channels inner."""
-        return w.permute(0, 2, 3, 1).reshape(w.shape[0], -1).contiguous()
+                    cols[:, a:a + n_y, b:b + n_x, :, :, i, j]
+        return Win(out.reshape(N, ny, nx, G * cin_g).permute(0, 3, 1, 2).contiguous(), fy, fx)
 
 
 def _tap_range(shift: int, stride: int, n: int, size: int):
@@ -156,7 +149,6 @@ class Conv2dStep(_ConvStep):
         self.geom = ConvGeometry(self.in_shapes[0][1:], (self.kh, self.kw), op.strides, op.pads,
                                  op.dilations, op.groups)
         self._wm = None
-        self._w_taps = None
 
     # -- windowed rows (window.py) ----------------------------------------------------------
     def in_window(self, box):
@@ -172,9 +164,7 @@ class Conv2dStep(_ConvStep):
         B, S = win.t.shape[:2]
         C = self.shape[0]
         t = win.t.reshape(B * S, C, *win.t.shape[-2:])
-        if self._w_taps is None:
-            self._w_taps = self.geom.taps_major(self.w)
-        got = self.geom.conv_back_window(Win(t, win.y0, win.x0), self.w, self._w_taps)
+        got = self.geom.conv_back_window(Win(t, win.y0, win.x0), self.w)
         L_in = Win(got.t.reshape(B, S, *got.t.shape[1:]), got.y0, got.x0)
         if self._wm is None or self._wm[0] is not mags[0]:
             wm = up(self.apply([mags[0].squeeze(1)], absolute=True)
