@@ -3,12 +3,13 @@
 the first box of a VNN-LIB property (issue 17).
 
     python3 bench/rigorous_nodes.py --onnx NET.onnx --vnnlib PROP.vnnlib [--dense-rows 18]
-                                    [--no-dense] [--work DIR]
+                                    [--no-dense] [--no-engine] [--save BOUNDS.pt] [--work DIR]
 
 One thread; process CPU time (less sensitive to a shared machine's load than wall time, not
 immune to it: say the load). Rows: the neurons each pass bounds (the engine's: its inexact
 ones from its own bounds; the rigorous pass recomputes IBP from its tighter earlier nodes,
-so it may have fewer).
+so it may have fewer). `--save`: the windowed pass's bounds of every node (torch.save), to
+compare two versions bit for bit.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def main(argv=None) -> int:
     p.add_argument("--vnnlib", required=True)
     p.add_argument("--dense-rows", type=int, default=18)
     p.add_argument("--no-dense", action="store_true")
+    p.add_argument("--no-engine", action="store_true")
+    p.add_argument("--save", default=None)
     p.add_argument("--work", default=None)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -59,8 +62,9 @@ def main(argv=None) -> int:
         engine[node.name] = (time.process_time() - t, net.crown_rows.get(node.name))
         return r
     net.crown_node = timed
-    with torch.no_grad():
-        net.intermediate_bounds(lo, hi)
+    if not args.no_engine:
+        with torch.no_grad():
+            net.intermediate_bounds(lo, hi)
 
     def rigorous(windowed, limit=None):
         rig = RigorousBounds(net, "real")
@@ -86,7 +90,10 @@ def main(argv=None) -> int:
             return r
         rig._inexact, rig._node_bounds = restricted, node
         blo, bhi = rig.outward(case.lower[None], case.upper[None])
-        rig.all_bounds(blo, bhi)
+        with torch.no_grad():
+            bounds = rig.all_bounds(blo, bhi)
+        if windowed and args.save:
+            torch.save({k: (a.clone(), b.clone()) for k, (a, b) in bounds.items()}, args.save)
         return got, rows
 
     windowed, rows = rigorous(True)

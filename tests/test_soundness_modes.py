@@ -210,6 +210,33 @@ def test_boundary_thresholds_never_unsat_where_an_evaluation_meets_them(nets):
     assert seen[-1, "float32"] != "unsat"     # within the float32 error of the vertex value
 
 
+def test_real_mode_crown_stage_runs_one_crown(nets, monkeypatch):
+    """--soundness real's CROWN stage: the rigorous bounds of the box are computed once, are
+    the engine's planned bounds (the engine's own CROWN of the nodes does not run) and are
+    reused by the certificate of its unsat."""
+    from shardbound.runtime.rigorous import RigorousBounds
+
+    v = nets["stable"]
+    net_cls = type(v.network)
+    calls = {"rigorous": 0, "engine": 0}
+
+    def counting(cls, name, key):
+        orig = getattr(cls, name)
+
+        def wrapper(self, *a, **k):
+            calls[key] += 1
+            return orig(self, *a, **k)
+        monkeypatch.setattr(cls, name, wrapper)
+    counting(RigorousBounds, "all_bounds", "rigorous")
+    counting(net_cls, "intermediate_bounds", "engine")
+    verts = np.array([[a, b, c] for a in (-1, 1) for b in (-1, 1) for c in (-1, 1)], np.float64)
+    y64 = RigorousBounds(v.network, "real").forward64(torch.from_numpy(verts)).numpy()[:, 0]
+    r = verify(v, _spec(-np.ones(3), np.ones(3), [1.0, 0.0], float(y64.min()) - 0.25), 30,
+               SingleComm(), soundness="real")
+    assert r.verdict == "unsat" and r.decided.stage == "crown", (r.verdict, r.stages)
+    assert calls == {"rigorous": 1, "engine": 0}
+
+
 def test_float32_mode_is_never_fooled_by_a_cancellation(nets):
     from shardbound.runtime.rigorous import RigorousBounds
 

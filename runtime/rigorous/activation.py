@@ -52,9 +52,17 @@ class ReluStep(LinesStep):
         return None
 
     def back(self, L, in_bounds, mags, alpha=None):
+        return self.back_lines(L, self.full_lines(in_bounds[0]), mags, alpha)
+
+    def full_lines(self, bounds):
+        """The lines over the input's bounds, per element (window.py crops them to a
+        row's window, computed once per node for all its windowed rows)."""
+        return relu_lines(*bounds)
+
+    def back_lines(self, L, lines, mags, alpha=None):
+        """`back` with the lines given (`full_lines`, or a window of them)."""
         B, S = L.shape[:2]
-        zl, zh = in_bounds[0]
-        s_low, s_up, t_up, unstable = relu_lines(zl, zh)
+        s_low, s_up, t_up, unstable = lines
         # positive coefficients take the lower line, negative ones the upper line (rounded
         # products: charged)
         Ln = L.clamp(max=0)

@@ -259,14 +259,16 @@ class RigorousBounds:
             l, h = torch.where(s > 0, l.clamp(min=0), l), torch.where(s < 0, h.clamp(max=0), h)
         return l, h
 
-    def all_bounds(self, lo, hi, splits=None, prior=None, cuts=None, node_alphas=None):
+    def all_bounds(self, lo, hi, splits=None, prior=None, cuts=None, node_alphas=None,
+                   check=None):
         """Rigorous bounds of every node over the boxes lo, hi (B, n) float64 (already
         outward), with ReLU split assumptions applied (name of a ReLU input -> int8 (B,
         *shape)), interval splits `cuts` (node -> (a, b) (B, *shape): the domain assumes a
         <= z <= b) and `prior` (node -> rigorous bounds over the whole box, (1, *shape))
         intersected in before the node is bounded by CROWN (fewer inexact neurons).
         `node_alphas` (node -> (neuron indices, {op: alphas})): full alpha-CROWN's
-        intermediate passes, re-evaluated beside plain CROWN (both bounds hold)."""
+        intermediate passes, re-evaluated beside plain CROWN (both bounds hold). `check()`
+        runs before each CROWN-bounded node (the verify budget's, which raises when spent)."""
         B = lo.shape[0]
         bounds = {}
         self._delta = {}
@@ -282,6 +284,8 @@ class RigorousBounds:
                 self._delta[n.name] = n.f32_delta(mags, bounds[n.name])
             bounds[n.name] = self._restrict(n.name, bounds[n.name], prior, splits, cuts)
             if n.name in self.crown_nodes:
+                if check is not None:
+                    check()
                 bounds[n.name] = self._node_bounds(n, bounds, lo, hi)
             if node_alphas and n.name in node_alphas:
                 index, alphas = node_alphas[n.name]
@@ -291,14 +295,15 @@ class RigorousBounds:
         return bounds
 
     def spec_lower(self, lo, hi, C, splits=None, lagrangian=None, prior=None, cuts=None,
-                   node_alphas=None, both=False) -> torch.Tensor:
+                   node_alphas=None, both=False, bounds=None) -> torch.Tensor:
         """(B, S) rigorous lower bounds of C . f(x) (C (S, n_out) float64) over each box;
         +inf for a box that the split assumptions leave empty. `lagrangian` = (alphas, betas):
         the final pass's relaxation parameters (op name -> (B, S, ...)) and split multipliers
         (split node -> (B, S, *shape), >= 0; their split signs from `splits`). prior, cuts,
         node_alphas: see `all_bounds`. `both`: with a lagrangian, the plain CROWN pass too
-        (each row keeps the larger; both hold). The node bounds used are left in
-        `self.last_bounds`."""
+        (each row keeps the larger; both hold). `bounds`: what `all_bounds` gave for these
+        boxes with the same arguments, reused (the CROWN stage's, verdict.py). The node
+        bounds used are left in `self.last_bounds`."""
         lo = lo.to(DT).reshape(lo.shape[0], -1)
         hi = hi.to(DT).reshape(hi.shape[0], -1)
         B = lo.shape[0]
@@ -313,7 +318,8 @@ class RigorousBounds:
                 s = splits[name].to("cpu", DT).unsqueeze(1)
                 extra[name] = -(beta.detach().to("cpu", DT).clamp(min=0) * s)
         with torch.no_grad():
-            bounds = self.all_bounds(lo, hi, splits, prior, cuts, node_alphas)
+            if bounds is None:
+                bounds = self.all_bounds(lo, hi, splits, prior, cuts, node_alphas)
             self.last_bounds = bounds
             L0 = C.unsqueeze(0).expand(B, -1, -1).reshape(B, C.shape[0], *self.output.shape)
             lb = self._backward(self.output.name, L0, bounds, lo, hi, alphas, extra)
@@ -330,7 +336,7 @@ class RigorousBounds:
     def refuted(self, lo, hi, C, d, owner, n_conj, splits=None, lagrangian=None, **given
                 ) -> torch.Tensor:
         """(B,) bool: every conjunction has a row whose rigorous lower bound is > d (`given`:
-        spec_lower's prior, cuts, node_alphas, both)."""
+        spec_lower's prior, cuts, node_alphas, both, bounds)."""
         import numpy as np
 
         from shardbound.runtime.verification.input_split import refuted_conjunctions

@@ -138,6 +138,9 @@ def backward(rig, target: str, L0: Win, bounds, lo, hi, alphas=None) -> torch.Te
     of L0 . value(target) over the boxes (`alphas`: node -> (B, S, ...), the relaxations'
     parameters; an elementwise step's are cropped with the row when they are per element)."""
     B, S = L0.t.shape[:2]
+    # rig._window_mags: what the walks of one node's rows share (magnitudes, by node name;
+    # an elementwise step's per-element lines, by (name, "lines")); earlier nodes' bounds
+    # do not change while a node's rows are bounded
     walk = RowAccount(target, L0, torch.zeros(B, S, dtype=DT), bounds, rig._window_mags,
                       lambda a, b, name: add(a, b, rig.by_name[name].shape))
     mag = walk.mag
@@ -169,9 +172,17 @@ def backward(rig, target: str, L0: Win, bounds, lo, hi, alphas=None) -> torch.Te
             L, win = win.dense(n.shape), None         # parameters not per element: dense
         if win is not None and how == "elementwise" and all(
                 tuple(s) == tuple(n.shape) for s in n.in_shapes):
-            ins = [tuple(win.crop(v) for v in bounds[i]) for i in n.inputs]
-            parts, bias = n.back(win.t, ins, [mag(i, win) for i in n.inputs],
-                                 None if alpha is None else win.crop(alpha))
+            mags = [mag(i, win) for i in n.inputs]
+            a = None if alpha is None else win.crop(alpha)
+            if hasattr(n, "back_lines"):        # per-element lines: once per node, cropped
+                key = (n.name, "lines")
+                if key not in rig._window_mags:
+                    rig._window_mags[key] = n.full_lines(bounds[n.inputs[0]])
+                lines = [win.crop(t) for t in rig._window_mags[key]]
+                parts, bias = n.back_lines(win.t, lines, mags, a)
+            else:
+                ins = [tuple(win.crop(v) for v in bounds[i]) for i in n.inputs]
+                parts, bias = n.back(win.t, ins, mags, a)
             parts = [(Win(L_in, win.y0, win.x0), charge) for L_in, charge in parts]
         elif win is not None and hasattr(n, "back_window"):
             parts, bias = n.back_window(win, [bounds[i] for i in n.inputs],
