@@ -31,6 +31,9 @@ METHODS = ["ibp", "crown"]
 JOB_METHODS = METHODS + ["crown-prior"]
 ALPHA_MODELS = ("tp_mlp2", "tp_cnn")   # + alpha-CROWN and gradients, on ALPHA_WORLDS ranks
 ALPHA_WORLDS = (2, 3)
+# + full alpha-CROWN (zone nodes are start nodes) on the --tp-intermediate crown programs of
+# the ALPHA_MODELS, on these ranks (P = 4 leaves a rank of tp_mlp2 without channels)
+FULL_ALPHA_WORLDS = (2, 4)
 
 
 def _models(tmp):
@@ -42,7 +45,8 @@ def tp(tmp_path_factory):
     """Every model compiled as single, tp --tp-intermediate ibp, tp --tp-intermediate crown
     (and tp with --summation fast for a few), then run on P = 1..4 ranks; for the ALPHA_MODELS
     on P = 2 and 3 also alpha-CROWN (test_tp_alpha_crown) and forward values and input
-    gradients at the box's corners and centre (test_tp_gradients_match_single_mode)."""
+    gradients at the box's corners and centre (test_tp_gradients_match_single_mode), and on
+    P = 2 and 4 full alpha-CROWN of their crown programs (test_tp_full_alpha_crown)."""
     tmp = tmp_path_factory.mktemp("tp")
     cases = {}
     for name, path, lo, hi in _models(tmp):
@@ -56,16 +60,23 @@ def tp(tmp_path_factory):
                                        summation="fast", tp_intermediate="ibp")
         cases[name] = (path, lo, hi, {k: box_entry(d, lo, hi) for k, d in progs.items()})
 
-    def entries(kinds, with_alpha):
+    def entries(kinds, with_alpha, full_alpha=False):
         out = []
         for name, (_, _, _, progs) in cases.items():
-            alpha = with_alpha and name in ALPHA_MODELS
-            out += [{**e, "methods": JOB_METHODS + ["alpha-crown"], "gradients": True}
-                    if alpha else e for k, e in progs.items() if k in kinds]
+            for k, e in progs.items():
+                if k not in kinds:
+                    continue
+                if with_alpha and name in ALPHA_MODELS:
+                    e = {**e, "methods": JOB_METHODS + ["alpha-crown"], "gradients": True}
+                if full_alpha and name in ALPHA_MODELS and k in ("single", "crown"):
+                    e = {**e, "extra_methods": ["full-alpha-crown"]}
+                out.append(e)
         return out
 
-    single = run_job(tmp, entries(("single",), True), JOB_METHODS, 1, tag="single", bounds=True)
-    runs = {P: run_job(tmp, entries(("ibp", "crown", "fast"), P in ALPHA_WORLDS), JOB_METHODS, P,
+    single = run_job(tmp, entries(("single",), True, True), JOB_METHODS, 1, tag="single",
+                     bounds=True)
+    runs = {P: run_job(tmp, entries(("ibp", "crown", "fast"), P in ALPHA_WORLDS,
+                                    P in FULL_ALPHA_WORLDS), JOB_METHODS, P,
                        tag="tp", bounds=True)
             for P in (1, 2, 3, 4)}
     return cases, single, runs
@@ -196,14 +207,15 @@ def test_tp_zone_memory_falls_with_p(tp):
 def test_tp_memory_prediction_within_10_percent(tp):
     """The memory model's tp prediction (runtime/accounting/tp_model.py: the largest rank's,
     from every rank's own row counts) is within 10% of the ledger's peak (max over ranks) for
-    IBP, CROWN and alpha-CROWN, for every tp program of the jobs above (crown and ibp
-    intermediates, blocked and fast, P = 1..4); measured: within 6%, alpha-CROWN over."""
+    IBP, CROWN, alpha-CROWN and full alpha-CROWN, for every tp program of the jobs above
+    (crown and ibp intermediates, blocked and fast, P = 1..4); measured: within 6%,
+    alpha-CROWN over; full alpha-CROWN (tp_mlp2, tp_cnn at P = 2, 4) within 7%."""
     cases, _, runs = tp
     checked = 0
     for name, (_, _, _, e) in cases.items():
         for P, got in runs.items():
             for kind in ("ibp", "crown", "fast"):
-                for m in ("ibp", "crown", "alpha-crown"):
+                for m in ("ibp", "crown", "alpha-crown", "full-alpha-crown"):
                     if kind not in e or (e[kind]["dir"], m) not in got:
                         continue
                     mem = got[(e[kind]["dir"], m)]["memory"]
@@ -366,3 +378,21 @@ def test_tp_alpha_crown(tp):
                 assert bool((lb >= crown_lb).all()), (name, kind, P)
                 assert_sound(forward, torch.from_numpy(lo), torch.from_numpy(hi), lb, ub,
                              n=2000, label=f"{name}/{kind}/alpha/P={P}")
+
+
+def test_tp_full_alpha_crown(tp):
+    """Full alpha-CROWN in tp (zone nodes are start nodes: runtime/parallel/tp.py
+    ZoneStartRows) is bitwise single mode's full alpha-CROWN under `blocked` with
+    --tp-intermediate crown, on P = 2 and 4 (a rank without channels at P = 4), and at least
+    as tight as tp's alpha-CROWN of the final pass where both ran."""
+    cases, single, runs = tp
+    for name in ALPHA_MODELS:
+        e = cases[name][3]
+        want = _get(single, e["single"], "full-alpha-crown")
+        assert want["sha"] != _get(single, e["single"], "alpha-crown")["sha"], name
+        for P in FULL_ALPHA_WORLDS:
+            got = _get(runs[P], e["crown"], "full-alpha-crown")
+            assert got["sha"] == want["sha"], (name, P)
+            if P in ALPHA_WORLDS:
+                alpha = _get(runs[P], e["crown"], "alpha-crown")
+                assert bool((torch.tensor(got["lower"]) >= torch.tensor(alpha["lower"])).all())
