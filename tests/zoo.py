@@ -217,10 +217,12 @@ def tp_cnn(rng, channels=260):
     return b.build(b.gemm(h, 12, 3)), b.input_shape
 
 
-def tp_relu_input(rng, n_in=8, hidden=520, width=24, n_out=4):
+def tp_relu_input(rng, n_in=8, hidden=1024, width=24, n_out=4):
     """A ReLU on the input, then one zone (n_in -> hidden -> ReLU -> width) and a replicated
     ReLU: the zone's column node has a relaxed op upstream but no zone, so full alpha-CROWN
-    optimises its rows on local rows (each rank its own neurons' rows and alphas)."""
+    optimises its rows on local rows (each rank its own neurons' rows and alphas); 1024
+    hidden neurons are 4 blocks, one per rank on P = 4, so the gradient through the row layer
+    must be reduced in the pair tree, not in rank order."""
     b = Builder(rng, (n_in,))
     h = b.relu(b.gemm(b.relu("x"), n_in, hidden))
     h = b.relu(b.gemm(h, hidden, width))

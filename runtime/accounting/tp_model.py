@@ -21,9 +21,8 @@ and the prediction is the largest over ranks, as the ledger's report is:
   planned node takes IBP bounds; each node's new bounds are then kept as the run goes.
 
 alpha-CROWN is alpha_model.py's figure on this rank's shapes, plus what tp's autograd
-functions keep (tp_reduce.py): the column layer's transposed weight slice, the incoming
-replicated A-matrix of each row layer (recomputed in the backward pass), and the reduction
-buffers of the backward pass. Full alpha-CROWN is memory_model's alpha phase on this rank's
+functions keep (tp_reduce.py): the column and row layers' (transposed) weight slices, and the
+reduction buffers of the backward pass. Full alpha-CROWN is memory_model's alpha phase on this rank's
 shapes (`_alpha_phase_peak`: every start node's alphas x3 and the largest pass), with each
 start node's rows as the rank carries them (`Network.alpha_rows` of that rank: a zone node on
 local rows its own neurons, else every rank's; without a run, every neuron), and per pass
@@ -312,19 +311,16 @@ def _alpha_peak(nodes, index, places, splits, output, batch, S, held, resident, 
         place = places.get(node.name)
         if place is None:
             continue
-        if place.role == "column":          # _ReducedMatmul keeps w_t (a fresh copy)
-            extra += math.prod(node.weight_shape) * F32
-        elif place.role == "row":           # _LocalOfReplicated keeps the incoming A
-            extra += batch * S * math.prod(node.shape) * F32
+        if place.role in ("column", "row"):  # _ReducedMatmul / _ColumnMatmul keep the
+            extra += math.prod(node.weight_shape) * F32     # (transposed) weight slice
     context = MethodContext(nodes, index, [0] * len(nodes), resident, batch, output, S,
                             held + extra, world, crown)
     got = alpha_crown_peak(context)
     if got["peak_phase"] == "alpha-crown":
-        # The gradient w.r.t. a replicated A-matrix sums every rank's part (_LocalOfReplicated:
-        # one partial per rank, gathered) while the whole graph is still saved.
-        back = max([_Split(s.ranges, s.rank, "fast").collective(
-            batch * S * math.prod(nodes[index[name]].shape))
-            for name, s in splits.items() if places[name].role == "row"] + [0])
+        # The gradient w.r.t. a row layer's replicated A-matrix is reduced over the zone's
+        # channels (_ColumnMatmul) while the whole graph is still saved.
+        back = max([s.collective(batch * S * math.prod(nodes[index[name]].shape))
+                    for name, s in splits.items() if places[name].role == "row"] + [0])
         got = dict(got, peak_tracked_bytes=got["peak_tracked_bytes"] + back)
     return got
 
@@ -346,7 +342,8 @@ def _full_alpha_peak(nodes, index, places, splits, output, batch, S, passes, res
 
     got = resident + passes[-1][4] + _alpha_phase_peak(
         nodes, index, output, batch, lambda n: n, S, alpha_rows, [0] * len(nodes),
-        alpha_neurons or {}, pass_extra=extra)
+        alpha_neurons or {}, pass_extra=extra,
+        keeps_weights=lambda node: node.name not in places)     # zone layers: _pass_extra
     if got <= crown["peak_tracked_bytes"]:
         return crown
     return _result(resident, got, ("full-alpha-crown", output))
@@ -354,22 +351,18 @@ def _full_alpha_peak(nodes, index, places, splits, output, batch, S, passes, res
 
 def _pass_extra(nodes, index, places, splits, batch, R, start, path) -> int:
     """What tp's autograd functions keep in one differentiated pass of R rows (see
-    `_alpha_peak`): each zone column layer's transposed weight slice and each row layer's
-    incoming replicated A-matrix past the start node, and the largest reduction of a
-    replicated A-matrix's gradient (one partial per rank, gathered)."""
+    `_alpha_peak`): each zone layer's (transposed) weight slice past the start node, and the
+    largest reduction of a row layer's replicated A-matrix gradient."""
     kept, back = 0, 0
     for name in path:
         place = places.get(name)
         if place is None or name == start:
             continue
         node = nodes[index[name]]
-        if place.role == "column":
+        if place.role in ("column", "row"):
             kept += math.prod(node.weight_shape) * F32
-        elif place.role == "row":
-            M = batch * R * math.prod(node.shape)
-            kept += M * F32
-            s = splits[name]
-            back = max(back, _Split(s.ranges, s.rank, "fast").collective(M))
+        if place.role == "row":
+            back = max(back, splits[name].collective(batch * R * math.prod(node.shape)))
     return kept + back
 
 

@@ -155,10 +155,14 @@ class RowLinear(ZoneOp, Linear):
         return (slice(None),)
 
     def backward_linear(self, A):
-        """A (replicated) -> the A of this rank's input channels; the bias is replicated."""
+        """A (replicated) -> the A of this rank's input channels; the bias is replicated.
+        The product is the column layer's forward pair (`Reduction.column_matmul`): its
+        gradient w.r.t. the replicated A sums over the zone's channels in the reduction's
+        order, which `blocked` finishes in single mode's tree for any P (summing every rank's
+        part in rank order broke that tree once a rank held part of a subtree: 8 blocks on
+        P = 4)."""
         w_t = self.param("weight").t().contiguous()
-        A_in = local_of_replicated(self.red, A, lambda a: contract.matmul(a, w_t, self.order))
-        return [A_in], self._bias_term(A)
+        return [self.red.column_matmul(A, w_t)], self._bias_term(A)
 
     def _affine(self, x, w, with_bias=True):
         y = self.red.matmul(x, w)
