@@ -3,7 +3,9 @@
 Usage:
     python bench/tp_memory.py [--wide 512-4096-512-10] [--zones3 128-2048-128-2048-128-2048-128-10]
                               [--nprocs 2,4] [--seed 0] [--eps 0.05] [--models wide,zones3]
-                              [--variants tp,tp-crown]
+                              [--variants tp,tp-crown] [--method crown]
+    python bench/tp_memory.py --method full-alpha-crown --models wide --wide 256-2048-256-10 \
+                              --variants tp-crown
 
 Two MLPs are built in code with onnx.helper (Gemm transB=1 + Relu; weights fixed by --seed):
 - wide: one zone (column 512->4096, ReLU, row 4096->512), then a replicated ReLU and 512->10;
@@ -15,10 +17,12 @@ A-matrix and a 16384x16384x1024 ordered product, minutes on the shared 2-core ma
 Each model is compiled as single mode, tp (default: IBP intermediate bounds inside zones) and tp
 with --tp-intermediate crown (CROWN intermediates, bitwise single mode's bounds), all with the
 default `blocked` summation. `shardbound run DIR --box BOX --json OUT --threads 1 --method crown`
-runs once in single mode and once per P (1 and --nprocs) for each tp variant. Per run the
+runs once in single mode and once per P (1 and --nprocs) for each tp variant (`--method`:
+crown by default; alpha-crown and full-alpha-crown too, 20 iterations). Per run the
 table shows (each figure the max over ranks): resident weights, the peak of all tracked bytes
-(weights, A-matrices, bounds, reduction buffers) and single/that ("cut", the memory
-reduction factor: 2.0 = half), peak RSS (VmHWM) and single/that, the bound time relative to
+(weights, A-matrices, bounds, reduction buffers, alphas with Adam's moments and autograd's
+saves) and single/that ("cut", the memory reduction factor: 2.0 = half), the memory model's
+prediction (`predicted_peak_tracked_bytes`: tp_model.py, the largest rank's) over it, peak RSS (VmHWM) and single/that, the bound time relative to
 single, the mean bound width relative to single, and whether bounds_sha256 equals single's.
 
 Reading the numbers:
@@ -77,9 +81,9 @@ def _run(cmd):
         sys.exit(f"failed: {' '.join(cmd)}\n{r.stderr[-2000:]}")
 
 
-def run_once(directory, box, out, nproc):
+def run_once(directory, box, out, nproc, method="crown"):
     cmd = [sys.executable, "-m", "shardbound.compiler.cli", "run", directory, "--box", box,
-           "--json", out, "--threads", "1", "--method", "crown", "-q", "--collective-timeout", "600"]
+           "--json", out, "--threads", "1", "--method", method, "-q", "--collective-timeout", "600"]
     if nproc > 1:
         cmd += ["--nproc", str(nproc)]
     _run(cmd)
@@ -106,23 +110,28 @@ def bench_model(label, widths, args, tmp):
     results = {}
     for name, P in runs:
         results[(name, P)] = run_once(os.path.join(tmp, f"{label}_{name}"), box,
-                                      os.path.join(tmp, f"{label}_{name}_{P}.json"), P)
+                                      os.path.join(tmp, f"{label}_{name}_{P}.json"), P,
+                                      args.method)
     ref = results[("single", 1)]
     ref_width = np.mean(np.asarray(ref["upper"]) - np.asarray(ref["lower"]))
     params = sum(a * b + b for a, b in zip(widths[:-1], widths[1:])) * 4
     print(f"\n## {label}: MLP {'-'.join(map(str, widths))} ({params / MIB:.1f} MiB weights), "
-          f"CROWN, box radius {args.eps}")
-    print("| mode | P | resident MiB | peak tracked MiB | cut | peak RSS MiB | RSS cut | "
-          "time vs single | width vs single | sha = single |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          f"{args.method}, box radius {args.eps}")
+    print("| mode | P | resident MiB | peak tracked MiB | cut | x single | predicted MiB | "
+          "pred/meas | peak RSS MiB | RSS cut | time vs single | width vs single | sha = single |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     cuts = {}
     for (name, P), r in results.items():
         m = r["memory"]
         cut = ref["memory"]["peak_tracked_bytes"] / m["peak_tracked_bytes"]
         cuts[(name, P)] = cut
         width = np.mean(np.asarray(r["upper"]) - np.asarray(r["lower"])) / ref_width
+        pred = m.get("predicted_peak_tracked_bytes")
+        pred_text = ("n/a | n/a" if not pred else
+                     f"{pred / MIB:.2f} | {pred / m['peak_tracked_bytes']:.3f}")
         print(f"| {name} | {P} | {m['resident_param_bytes'] / MIB:.2f} | "
-              f"{m['peak_tracked_bytes'] / MIB:.2f} | {cut:.2f}x | {m['peak_rss_bytes'] / MIB:.0f} | "
+              f"{m['peak_tracked_bytes'] / MIB:.2f} | {cut:.2f}x | {1 / cut:.3f} | {pred_text} | "
+              f"{m['peak_rss_bytes'] / MIB:.0f} | "
               f"{ref['memory']['peak_rss_bytes'] / m['peak_rss_bytes']:.2f}x | "
               f"{r['seconds'] / ref['seconds']:.2f}x | {width:.4f} | "
               f"{'yes' if r['bounds_sha256'] == ref['bounds_sha256'] else 'no'} |")
@@ -143,6 +152,8 @@ def main(argv=None):
     p.add_argument("--eps", type=float, default=0.05)
     p.add_argument("--models", default="wide,zones3")
     p.add_argument("--variants", default="tp,tp-crown")
+    p.add_argument("--method", default="crown",
+                   choices=("ibp", "crown", "alpha-crown", "full-alpha-crown"))
     args = p.parse_args(argv)
     args.variants = args.variants.split(",")
     args.nprocs = [int(x) for x in args.nprocs.split(",") if int(x) > 1]

@@ -13,9 +13,7 @@ that fits. The order, cheapest change to the default plan first:
    and tp have a plan that fits on the same P, the one with the smaller predicted peak per
    rank is taken, fsdp on a tie (fsdp's bounds are single mode's whatever the intermediate
    method; tp's are with --tp-intermediate crown). tp is not offered with --summation exact
-   (tp refuses it), nor for --method full-alpha-crown (tp has none: refused by name when
-   --mode tp is given; verify, which runs it at the root in single and fsdp, plans tp with
-   the alpha-CROWN that tp runs instead);
+   (tp refuses it);
 3. row tile: all of a rank's rows in one backward pass first, then tiles of 2^k rows, the
    largest first (smaller tiles: more, smaller kernel calls; the same bits under
    blocked/exact; in tp they cut the passes of nodes outside zones and the final pass);
@@ -173,19 +171,6 @@ class TpShapes:
     ibp: frozenset
 
 
-def _tp_methods(methods, options, source: str) -> tuple[str, ...] | None:
-    """The methods a tp plan runs instead of `methods`, or None: tp cannot run them."""
-    if "full-alpha-crown" in methods and not options.plan_methods:
-        if options.mode_given and options.mode == "tp":
-            raise ShardboundError(
-                f"{source}: --mode tp has no full alpha-CROWN (--method full-alpha-crown): tp "
-                "optimises the final pass's slopes only (--method alpha-crown); plan with "
-                "--mode fsdp or single, or choose alpha-crown")
-        return None
-    return tuple(dict.fromkeys("alpha-crown" if m == "full-alpha-crown" else m
-                               for m in methods))
-
-
 def predict(shapes, output: str, cand: Candidate, options, method: str, batch: int = 1,
             spec_rows: int | None = None, tp: TpShapes | None = None) -> dict:
     """The memory model's per-rank prediction for one candidate plan."""
@@ -221,7 +206,6 @@ def choose(shapes, output: str, options, source: str = "model", tp: TpShapes | N
         raise ShardboundError(f"{source}: --memory-budget with --mode tp: tp does not run "
                               f"--summation {options.summation}; plan with blocked or fast")
     methods = _methods(options)
-    tp_methods = _tp_methods(methods, options, source) if tp is not None else None
     max_rows = max([math.prod(s.shape) for s in shapes if s.crown_bounds]
                    + [math.prod(shapes[-1].shape)] + [1] + [spec_rows or 1])
     max_rows = max(max_rows, max((math.prod(s.shape) for s in shapes if s.name == output),
@@ -231,9 +215,7 @@ def choose(shapes, output: str, options, source: str = "model", tp: TpShapes | N
     for P in _ranks(options):
         fits = []
         for mode in _modes_for(options, P, tp):
-            ms = tp_methods if mode == "tp" else methods
-            if ms is None:
-                continue
+            ms = methods
             cands = list(candidates(options, max_rows, P, mode))
             if not cands:
                 continue

@@ -302,8 +302,8 @@ def test_inspect_mode_tp_prints_the_prediction_or_refuses_in_one_line(tp_net, ca
     for argv, code, first in (
             (["--memory-budget", "10MiB"], 0, "plan: --memory-budget 10.00MiB per rank -> tp P=1"),
             (["--memory-budget", "100KiB"], 2, f"error: {path}: no plan fits"),
-            (["--memory-budget", "1GiB", "--method", "full-alpha-crown"], 2,
-             f"error: {path}: --mode tp has no full alpha-CROWN")):
+            (["--memory-budget", "1GiB", "--method", "full-alpha-crown"], 0,
+             "plan: --memory-budget 1.00GiB per rank -> tp P=1")):
         with pytest.raises(SystemExit) as e:
             main(["inspect", path, "--mode", "tp", *argv])
         captured = capsys.readouterr()

@@ -31,10 +31,23 @@ METHODS = ["ibp", "crown"]
 JOB_METHODS = METHODS + ["crown-prior"]
 ALPHA_MODELS = ("tp_mlp2", "tp_cnn")   # + alpha-CROWN and gradients, on ALPHA_WORLDS ranks
 ALPHA_WORLDS = (2, 3)
+# + full alpha-CROWN (zone nodes are start nodes) on the --tp-intermediate crown programs of
+# these models, per world size (P = 4 leaves a rank of tp_mlp2 without channels; each rank's
+# first optimisation costs ~0.7 CPU-s of warm-up, so P = 4 runs one model)
+FULL_ALPHA_RUNS = {2: ("tp_mlp2", "tp_relu_input", "tp_cnn"), 4: ("tp_mlp2", "tp_relu_input")}
+# models compiled as single and tp --tp-intermediate crown only, for CROWN and full
+# alpha-CROWN on FULL_ALPHA_RUNS's ranks alone (tp_relu_input: a zone node optimised on local
+# rows)
+FULL_ALPHA_ONLY = ("tp_relu_input",)
 
 
 def _models(tmp):
-    return zoo_cases(tmp, TP_MODELS, seed=5, radius=0.2) + shared_cases()
+    return zoo_cases(tmp, TP_MODELS + FULL_ALPHA_ONLY, seed=5, radius=0.2) + shared_cases()
+
+
+def _bounded(cases) -> dict:
+    """The cases whose programs run every job method (not the FULL_ALPHA_ONLY ones)."""
+    return {name: c for name, c in cases.items() if name not in FULL_ALPHA_ONLY}
 
 
 @pytest.fixture(scope="module")
@@ -42,30 +55,43 @@ def tp(tmp_path_factory):
     """Every model compiled as single, tp --tp-intermediate ibp, tp --tp-intermediate crown
     (and tp with --summation fast for a few), then run on P = 1..4 ranks; for the ALPHA_MODELS
     on P = 2 and 3 also alpha-CROWN (test_tp_alpha_crown) and forward values and input
-    gradients at the box's corners and centre (test_tp_gradients_match_single_mode)."""
+    gradients at the box's corners and centre (test_tp_gradients_match_single_mode), and on
+    P = 2 and 4 full alpha-CROWN of crown programs (FULL_ALPHA_RUNS, test_tp_full_alpha_crown)."""
     tmp = tmp_path_factory.mktemp("tp")
     cases = {}
     for name, path, lo, hi in _models(tmp):
         progs = {"single": compile_to(path, str(tmp / f"{name}_single"), mode="single"),
-                 "ibp": compile_to(path, str(tmp / f"{name}_tp"), mode="tp",
-                                   tp_intermediate="ibp"),
                  "crown": compile_to(path, str(tmp / f"{name}_tpc"), mode="tp",
                                      tp_intermediate="crown")}
+        if name not in FULL_ALPHA_ONLY:
+            progs["ibp"] = compile_to(path, str(tmp / f"{name}_tp"), mode="tp",
+                                      tp_intermediate="ibp")
         if name in FAST_MODELS or name in ("acasxu", "mnist"):
             progs["fast"] = compile_to(path, str(tmp / f"{name}_tpf"), mode="tp",
                                        summation="fast", tp_intermediate="ibp")
         cases[name] = (path, lo, hi, {k: box_entry(d, lo, hi) for k, d in progs.items()})
 
-    def entries(kinds, with_alpha):
+    def entries(kinds, with_alpha, full_alpha=()):
         out = []
         for name, (_, _, _, progs) in cases.items():
-            alpha = with_alpha and name in ALPHA_MODELS
-            out += [{**e, "methods": JOB_METHODS + ["alpha-crown"], "gradients": True}
-                    if alpha else e for k, e in progs.items() if k in kinds]
+            for k, e in progs.items():
+                if k not in kinds:
+                    continue
+                if with_alpha and name in ALPHA_MODELS:
+                    e = {**e, "methods": JOB_METHODS + ["alpha-crown"], "gradients": True}
+                if name in full_alpha and k in ("single", "crown"):
+                    e = {**e, "extra_methods": ["full-alpha-crown"]}
+                if name in FULL_ALPHA_ONLY:
+                    if name not in full_alpha:
+                        continue
+                    e = {**e, "methods": ["crown"]}
+                out.append(e)
         return out
 
-    single = run_job(tmp, entries(("single",), True), JOB_METHODS, 1, tag="single", bounds=True)
-    runs = {P: run_job(tmp, entries(("ibp", "crown", "fast"), P in ALPHA_WORLDS), JOB_METHODS, P,
+    single = run_job(tmp, entries(("single",), True, ALPHA_MODELS + FULL_ALPHA_ONLY),
+                     JOB_METHODS, 1, tag="single", bounds=True)
+    runs = {P: run_job(tmp, entries(("ibp", "crown", "fast"), P in ALPHA_WORLDS,
+                                    FULL_ALPHA_RUNS.get(P, ())), JOB_METHODS, P,
                        tag="tp", bounds=True)
             for P in (1, 2, 3, 4)}
     return cases, single, runs
@@ -77,7 +103,7 @@ def _get(runs, entry, method):
 
 def test_tp_crown_intermediates_are_bitwise_single_for_p_1_to_4(tp):
     cases, single, runs = tp
-    for name, (_, _, _, e) in cases.items():
+    for name, (_, _, _, e) in _bounded(cases).items():
         for P, got in runs.items():
             for m in JOB_METHODS:
                 assert _get(got, e["crown"], m)["sha"] == _get(single, e["single"], m)["sha"], \
@@ -88,7 +114,7 @@ def test_tp_crown_intermediates_are_bitwise_single_for_p_1_to_4(tp):
 
 def test_tp_default_bounds_identical_across_p_and_ibp_equals_single(tp):
     cases, single, runs = tp
-    for name, (_, _, _, e) in cases.items():
+    for name, (_, _, _, e) in _bounded(cases).items():
         for m in JOB_METHODS:
             shas = {P: _get(got, e["ibp"], m)["sha"] for P, got in runs.items()}
             assert len(set(shas.values())) == 1, (name, m, shas)
@@ -166,7 +192,7 @@ def test_tp_bounds_are_sound(tp, P):
     """Sampling + projected-gradient search inside the box against single mode's forward
     pass (the network itself), for the default and fast tp programs on P ranks."""
     cases, _, runs = tp
-    for name, (_, lo, hi, e) in cases.items():
+    for name, (_, lo, hi, e) in _bounded(cases).items():
         forward = _forward_of(e["single"]["dir"])
         for kind in ("ibp", "fast"):
             if kind not in e:
@@ -196,14 +222,15 @@ def test_tp_zone_memory_falls_with_p(tp):
 def test_tp_memory_prediction_within_10_percent(tp):
     """The memory model's tp prediction (runtime/accounting/tp_model.py: the largest rank's,
     from every rank's own row counts) is within 10% of the ledger's peak (max over ranks) for
-    IBP, CROWN and alpha-CROWN, for every tp program of the jobs above (crown and ibp
-    intermediates, blocked and fast, P = 1..4); measured: within 6%, alpha-CROWN over."""
+    IBP, CROWN, alpha-CROWN and full alpha-CROWN, for every tp program of the jobs above
+    (crown and ibp intermediates, blocked and fast, P = 1..4); measured: within 6%,
+    alpha-CROWN over; full alpha-CROWN (tp_mlp2, tp_cnn at P = 2, 4) within 7%."""
     cases, _, runs = tp
     checked = 0
     for name, (_, _, _, e) in cases.items():
         for P, got in runs.items():
             for kind in ("ibp", "crown", "fast"):
-                for m in ("ibp", "crown", "alpha-crown"):
+                for m in ("ibp", "crown", "alpha-crown", "full-alpha-crown"):
                     if kind not in e or (e[kind]["dir"], m) not in got:
                         continue
                     mem = got[(e[kind]["dir"], m)]["memory"]
@@ -366,3 +393,24 @@ def test_tp_alpha_crown(tp):
                 assert bool((lb >= crown_lb).all()), (name, kind, P)
                 assert_sound(forward, torch.from_numpy(lo), torch.from_numpy(hi), lb, ub,
                              n=2000, label=f"{name}/{kind}/alpha/P={P}")
+
+
+def test_tp_full_alpha_crown(tp):
+    """Full alpha-CROWN in tp (zone nodes are start nodes: runtime/parallel/tp.py
+    ZoneStartRows) is bitwise single mode's full alpha-CROWN under `blocked` with
+    --tp-intermediate crown, on P = 2 and 4 (a rank without channels at P = 4), for zone
+    start nodes on all rows (tp_mlp2's second zone) and on local rows (tp_relu_input), never
+    looser than CROWN and at least as tight as tp's alpha-CROWN of the final pass where both
+    ran."""
+    cases, single, runs = tp
+    for P, names in FULL_ALPHA_RUNS.items():
+        for name in names:
+            e = cases[name][3]
+            want = _get(single, e["single"], "full-alpha-crown")
+            crown = _get(single, e["single"], "crown")
+            got = _get(runs[P], e["crown"], "full-alpha-crown")
+            assert got["sha"] == want["sha"], (name, P)
+            assert bool((torch.tensor(got["lower"]) >= torch.tensor(crown["lower"])).all())
+            if name in ALPHA_MODELS and P in ALPHA_WORLDS:
+                alpha = _get(runs[P], e["crown"], "alpha-crown")
+                assert bool((torch.tensor(got["lower"]) >= torch.tensor(alpha["lower"])).all())

@@ -63,20 +63,18 @@ def _properties(tmp, name, sizes, radius, seed):
 
 
 def _root_bound(net, lower, upper, row) -> float:
-    """The lower bound of row . f(x) that verify computes before branch and bound
-    (alpha-CROWN on optimised intermediate bounds)."""
+    """The lower bound of row . f(x) that verify computes before branch and bound (full
+    alpha-CROWN, in every mode)."""
     import torch
 
-    from shardbound.runtime.engine.alpha import alpha_crown
-    from shardbound.runtime.engine.intermediate_alpha import optimise_intermediate_bounds
+    from shardbound.runtime.engine.full_alpha import root_bounds
 
     lo = torch.tensor(lower, dtype=torch.float32).reshape(1, -1)
     hi = torch.tensor(upper, dtype=torch.float32).reshape(1, -1)
     C = torch.tensor(row, dtype=torch.float32)
     with torch.no_grad():
-        ibp, known = net.intermediate_bounds(lo, hi)
-    known = optimise_intermediate_bounds(net, lo, hi, known)
-    lb, _ = alpha_crown(net, lo, hi, C, cache=(ibp, known))
+        cache = net.intermediate_bounds(lo, hi)
+    lb, _ = root_bounds(net, lo, hi, C, cache)
     return float(lb[0, 0])
 
 

@@ -217,8 +217,21 @@ def tp_cnn(rng, channels=260):
     return b.build(b.gemm(h, 12, 3)), b.input_shape
 
 
+def tp_relu_input(rng, n_in=8, hidden=1024, width=24, n_out=4):
+    """A ReLU on the input, then one zone (n_in -> hidden -> ReLU -> width) and a replicated
+    ReLU: the zone's column node has a relaxed op upstream but no zone, so full alpha-CROWN
+    optimises its rows on local rows (each rank its own neurons' rows and alphas); 1024
+    hidden neurons are 4 blocks, one per rank on P = 4, so the gradient through the row layer
+    must be reduced in the pair tree, not in rank order."""
+    b = Builder(rng, (n_in,))
+    h = b.relu(b.gemm(b.relu("x"), n_in, hidden))
+    h = b.relu(b.gemm(h, hidden, width))
+    return b.build(b.gemm(h, width, n_out)), b.input_shape
+
+
 TP_ZOO = {
     "tp_linear_zone": tp_linear_zone,
+    "tp_relu_input": tp_relu_input,
     "tp_mlp1": lambda rng: tp_mlp(rng, 1, hidden=1024),
     "tp_mlp2": lambda rng: tp_mlp(rng, 2),
     "tp_mlp3": lambda rng: tp_mlp(rng, 3),

@@ -26,8 +26,6 @@ def check_budget(network, lower, C, method: str) -> None:
     setup = network.memory_setup
     if budget is None or setup is None:
         return
-    if network.tp is not None and method == "full-alpha-crown":
-        method = "alpha-crown"          # what tp runs for it (runtime/engine/network.py)
     if method not in ("ibp", "crown") and method not in METHOD_MODELS:
         return
     B = lower.shape[0]

@@ -146,7 +146,7 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
             alpha_rows = {nodes[t].name: math.prod(nodes[t].shape) for t, *_ in passes[:-1]}
         got = resident + passes[-1][3] + _alpha_phase_peak(
             nodes, index, output, batch, rows, final_rows, alpha_rows, alpha_gathered,
-            alpha_neurons or {})
+            alpha_neurons or {}, keeps_weights=not fsdp)
         if got > peak:
             peak, where = got, ("full-alpha-crown", output)
     result = _result(resident, peak, where)
@@ -215,12 +215,20 @@ SPARSE_FIRST, SPARSE_LATER = 2, 2
 
 
 def _alpha_phase_peak(nodes, index, output: str, batch: int, rows, final_rows: int,
-                      alpha_rows: dict, gathered: list, alpha_neurons: dict) -> int:
+                      alpha_rows: dict, gathered: list, alpha_neurons: dict,
+                      pass_extra=None, keeps_weights=False) -> int:
     """Bytes on top of resident parameters and held bounds while full alpha-CROWN optimises:
     every start node's alphas with Adam's two moments, plus the largest of one pass's
     steps: what its autograd graph saved so far, the step's A-matrices in and out and its
     gathered parameters; then the box terms (the input A-matrix, saved too). Each pass's
-    graph is freed by its own backward. `rows(n)` is this rank's share of n rows."""
+    graph is freed by its own backward. `rows(n)` is this rank's share of n rows.
+    `pass_extra(R, start, path)` (tp: tp_model.py), if given, adds what a pass of R rows from
+    node `start` through the nodes `path` (names, backward order) keeps besides (its
+    reductions' autograd saves and gradient buffers) to that pass's peak. `keeps_weights`
+    (resident weights, not fsdp's streamed blocks): a differentiated step keeps its weight
+    operand (the prepared W.T, or W's storage under `fast`), counted by the ledger as saved
+    (measured: the 784-512-512-512-10 MLP's pass of its second start node, 13% under without).
+    `keeps_weights` may also be a function node -> bool (tp: replicated layers only)."""
     ancestors: dict[str, set] = {}
     for node in nodes:
         seen = set()
@@ -251,19 +259,26 @@ def _alpha_phase_peak(nodes, index, output: str, batch: int, rows, final_rows: i
                 k = alpha_neurons[node.name]
                 saved += (batch * R * (k * SPARSE_FIRST + (ins * SPARSE_LATER if later else 0))
                           * F32 + batch * k)
-                later = True
-                continue
-            if j in ops:
+            elif j in ops:
                 # masks (a byte each) and, past the first op, two lines of floats
                 saved += (batch * R * ins * (SAVED_LATER if later else SAVED_FIRST) * F32
                           + batch * ins * (1 + (2 * F32 if later else 0)))
+            if j in ops:
+                # the step's A-matrices in and out, beside what it saved (measured: the peak
+                # of a sparse ReLU's pass, tests/test_tp.py's tp_mlp2)
                 later = True
+                peak = max(peak, saved + batch * R * (numel(node.name) + ins) * F32)
                 continue
             if not node.traits.relaxed:     # the bias terms keep the non-weight parameters
                 saved += (sum(node.param_numels) - math.prod(node.weight_shape or (0,))) * F32
+                keeps = keeps_weights(node) if callable(keeps_weights) else keeps_weights
+                if later and keeps and node.weight_shape:
+                    saved += math.prod(node.weight_shape) * F32
             peak = max(peak, saved + batch * R * (numel(node.name) + ins) * F32 + gathered[j])
         # the box terms: the input A-matrix (and its saved copy), the box's center and radius
         peak = max(peak, saved + batch * (R * 2 * input_numel * F32 + 2 * F32 * input_numel + R))
+        if pass_extra is not None:
+            peak += pass_extra(R, name, [nodes[j].name for j in path])
         worst = max(worst, peak)
     return alpha + worst if alpha else 0
 

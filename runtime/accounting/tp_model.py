@@ -21,10 +21,12 @@ and the prediction is the largest over ranks, as the ledger's report is:
   planned node takes IBP bounds; each node's new bounds are then kept as the run goes.
 
 alpha-CROWN is alpha_model.py's figure on this rank's shapes, plus what tp's autograd
-functions keep (tp_reduce.py): the column layer's transposed weight slice, the incoming
-replicated A-matrix of each row layer (recomputed in the backward pass), and the reduction
-buffers of the backward pass. tp has no full alpha-CROWN (it runs alpha-crown's final-pass
-slopes instead): the planner refuses it by name.
+functions keep (tp_reduce.py): the column and row layers' (transposed) weight slices, and the
+reduction buffers of the backward pass. Full alpha-CROWN is memory_model's alpha phase on this rank's
+shapes (`_alpha_phase_peak`: every start node's alphas x3 and the largest pass), with each
+start node's rows as the rank carries them (`Network.alpha_rows` of that rank: a zone node on
+local rows its own neurons, else every rank's; without a run, every neuron), and per pass
+tp's autograd keepers and the gradient's reduction buffer as above.
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ import math
 from dataclasses import dataclass, replace
 
 from shardbound.runtime.accounting.memory_model import (F32, MethodContext, NodeShape,
-                                                        _result, backward_step)
+                                                        _alpha_phase_peak, _result,
+                                                        backward_step)
 from shardbound.runtime.numerics.blocktree import tree_nodes
 
 GATHER_WHOLE_ELEMENTS = 1 << 16     # tp_reduce: outputs up to this size go in one all-gather
-TP_METHODS = ("ibp", "crown", "alpha-crown")
+TP_METHODS = ("ibp", "crown", "alpha-crown", "full-alpha-crown")
 
 
 @dataclass(frozen=True)
@@ -128,14 +131,17 @@ def localize(nodes: list[NodeShape], places: dict, world: int, rank: int, ranges
 def predict_tp_peak(nodes: list[NodeShape], places: dict, output: str, world: int, ranges,
                     order: str = "blocked", batch: int = 1, spec_rows: int | None = None,
                     method: str = "crown", crown_rows=None, row_tile: int | None = None,
-                    refine: bool = False, ibp_planned=()) -> dict:
+                    refine: bool = False, ibp_planned=(), alpha_rows=None,
+                    alpha_neurons=None) -> dict:
     """The largest per-rank prediction over the ranks of a tp job (predict_peak's dict, plus
     `rank`). `places`: node name -> TpPlace for zone nodes; `ranges(channels, P)`: the
     split (tp_reduce.channel_ranges of the order); `crown_rows`: a run's
     `Network.bounded_rows`, one dict per rank (a list), or None (every neuron: the most a run
     can take); `refine`: tp recomputes IBP from the tightest bounds (some planned node takes
     IBP bounds: `Network.refine_ibp`); `ibp_planned`: the nodes whose planned bounds are
-    IBP's (the engine counts its bounds at every planned node)."""
+    IBP's (the engine counts its bounds at every planned node). Full alpha-CROWN:
+    `alpha_rows` / `alpha_neurons`, one dict per rank (a run's `Network.alpha_rows` /
+    `alpha_neurons`) or None (every neuron of every start node, dense alphas)."""
     if method not in TP_METHODS:
         raise ValueError(f"tp has no memory model for method {method!r} (tp runs "
                          f"{', '.join(TP_METHODS)})")
@@ -144,11 +150,13 @@ def predict_tp_peak(nodes: list[NodeShape], places: dict, output: str, world: in
         local, splits = localize(nodes, places, world, rank, ranges, order)
         rows = None if crown_rows is None else crown_rows[rank]
         key = tuple(s.ranges[rank] for s in splits.values())
-        if rows is None and key in seen:    # the same channels: the same figure
+        if rows is None and alpha_rows is None and key in seen:   # the same channels: alike
             continue
         seen[key] = True
+        alpha = (None if alpha_rows is None else alpha_rows[rank],
+                 None if alpha_neurons is None else alpha_neurons[rank])
         got = _rank_peak(local, places, splits, output, world, batch, spec_rows, method,
-                         rows, row_tile, refine, set(ibp_planned))
+                         rows, row_tile, refine, set(ibp_planned), alpha)
         if best is None or got["peak_tracked_bytes"] > best["peak_tracked_bytes"]:
             best = dict(got, rank=rank)
     return best
@@ -159,7 +167,7 @@ def _numel(nodes, index, name) -> int:
 
 
 def _rank_peak(nodes, places, splits, output, world, batch, spec_rows, method, crown_rows,
-               row_tile, refine, ibp_planned) -> dict:
+               row_tile, refine, ibp_planned, alpha=(None, None)) -> dict:
     index = {node.name: i for i, node in enumerate(nodes)}
     resident = sum(n * F32 for node in nodes for n in node.param_numels)
     # IBP: every node's bounds; a row layer's two products (centre, radius) are reductions.
@@ -224,6 +232,9 @@ def _rank_peak(nodes, places, splits, output, world, batch, spec_rows, method, c
     if method == "crown":
         return _result(resident, peak, where)
     crown = _result(resident, peak, where)
+    if method == "full-alpha-crown":
+        return _full_alpha_peak(nodes, index, places, splits, output, batch, S, passes,
+                                resident, crown, *alpha)
     return _alpha_peak(nodes, index, places, splits, output, batch, S, passes[-1][4],
                        resident, world, crown)
 
@@ -300,21 +311,59 @@ def _alpha_peak(nodes, index, places, splits, output, batch, S, held, resident, 
         place = places.get(node.name)
         if place is None:
             continue
-        if place.role == "column":          # _ReducedMatmul keeps w_t (a fresh copy)
-            extra += math.prod(node.weight_shape) * F32
-        elif place.role == "row":           # _LocalOfReplicated keeps the incoming A
-            extra += batch * S * math.prod(node.shape) * F32
+        if place.role in ("column", "row"):  # _ReducedMatmul / _ColumnMatmul keep the
+            extra += math.prod(node.weight_shape) * F32     # (transposed) weight slice
     context = MethodContext(nodes, index, [0] * len(nodes), resident, batch, output, S,
                             held + extra, world, crown)
     got = alpha_crown_peak(context)
     if got["peak_phase"] == "alpha-crown":
-        # The gradient w.r.t. a replicated A-matrix sums every rank's part (_LocalOfReplicated:
-        # one partial per rank, gathered) while the whole graph is still saved.
-        back = max([_Split(s.ranges, s.rank, "fast").collective(
-            batch * S * math.prod(nodes[index[name]].shape))
-            for name, s in splits.items() if places[name].role == "row"] + [0])
+        # The gradient w.r.t. a row layer's replicated A-matrix is reduced over the zone's
+        # channels (_ColumnMatmul) while the whole graph is still saved.
+        back = max([s.collective(batch * S * math.prod(nodes[index[name]].shape))
+                    for name, s in splits.items() if places[name].role == "row"] + [0])
         got = dict(got, peak_tracked_bytes=got["peak_tracked_bytes"] + back)
     return got
+
+
+def _full_alpha_peak(nodes, index, places, splits, output, batch, S, passes, resident, crown,
+                     alpha_rows, alpha_neurons) -> dict:
+    """CROWN's figure or full alpha-CROWN's optimisation on this rank's shapes, the larger
+    (memory_model._alpha_phase_peak, with tp's per-pass keepers: `_pass_extra`)."""
+    if alpha_rows is None:          # every neuron of every start node, as this rank holds it
+        alpha_rows = {}
+        for t, _, start, local, _ in passes[:-1]:
+            node, place = nodes[t], places.get(nodes[t].name)
+            whole = place is not None and place.role != "row" and not local
+            alpha_rows[node.name] = (spatial(node.shape) * place.channels if whole
+                                     else math.prod(node.shape))
+
+    def extra(R, start, path):
+        return _pass_extra(nodes, index, places, splits, batch, R, start, path)
+
+    got = resident + passes[-1][4] + _alpha_phase_peak(
+        nodes, index, output, batch, lambda n: n, S, alpha_rows, [0] * len(nodes),
+        alpha_neurons or {}, pass_extra=extra,
+        keeps_weights=lambda node: node.name not in places)     # zone layers: _pass_extra
+    if got <= crown["peak_tracked_bytes"]:
+        return crown
+    return _result(resident, got, ("full-alpha-crown", output))
+
+
+def _pass_extra(nodes, index, places, splits, batch, R, start, path) -> int:
+    """What tp's autograd functions keep in one differentiated pass of R rows (see
+    `_alpha_peak`): each zone layer's (transposed) weight slice past the start node, and the
+    largest reduction of a row layer's replicated A-matrix gradient."""
+    kept, back = 0, 0
+    for name in path:
+        place = places.get(name)
+        if place is None or name == start:
+            continue
+        node = nodes[index[name]]
+        if place.role in ("column", "row"):
+            kept += math.prod(node.weight_shape) * F32
+        if place.role == "row":
+            back = max(back, splits[name].collective(batch * R * math.prod(node.shape)))
+    return kept + back
 
 
 def network_places(network) -> tuple[list[NodeShape], dict]:

@@ -21,10 +21,16 @@ any P under a row-invariant order; and each pass's autograd graph is freed right
 backward, so the autograd peak is one pass's, not the sum over passes. Each row keeps its best
 value over the iterations (never looser than CROWN: CROWN's bound is the floor).
 
-Deterministic: a fixed iteration count, passes in a fixed order, no randomness. tp zone nodes
-(each rank holds a slice of their rows) are not start nodes: in tp this is alpha-CROWN of the
-final pass. A start node whose alpha tensors would exceed `max_alpha_elements` (counted over
-all rows, so every rank decides alike) keeps CROWN's bounds.
+Deterministic: a fixed iteration count, passes in a fixed order, no randomness. In tp a zone
+node (each rank holds a slice of its neurons) is a start node with its rows laid out as tp's
+CROWN bounds it (runtime/parallel/tp.py `ZoneStartRows`): with no zone upstream each rank
+carries the rows of its own neurons alone (their alphas and moments are that rank's only);
+else every rank carries every row with its own channels' columns and alphas. Every op's
+alphas are held as its A-matrices are: a zone op's at this rank's channels, a replicated op's
+on every rank. The gradient of a row still depends on that row alone, so the bits are single
+mode's under `blocked` for any P. A start node whose alpha tensors would exceed
+`max_alpha_elements` (counted over all rows and ranks, so every rank decides alike) keeps
+CROWN's bounds.
 
 Rows in patches form (single mode, `fast`; runtime/ops/patches.py): the rows of a start node
 over a (C, H, W) node start as 1x1 windows and keep their windows through the elementwise
@@ -74,6 +80,7 @@ class StartNode:
     layout: dict                # op -> how its alphas lie (`Network._propagate`'s alpha_layout)
     starts: dict | None = None  # the rows after the node's own step (input -> A), if closed form
     bias: torch.Tensor | None = None    # (B, rows): that step's bias term
+    zone: object = None         # tp zone node: its rows (runtime/parallel/tp.py ZoneStartRows)
 
 
 def full_alpha_crown(network, lower: torch.Tensor, upper: torch.Tensor, C=None,
@@ -99,13 +106,7 @@ def full_alpha_crown(network, lower: torch.Tensor, upper: torch.Tensor, C=None,
         lb_all, ub_all = network.final_crown(ibp, known, lower, upper, C)
     if iterations <= 0:
         return lb_all, ub_all, dict(known)
-    if getattr(network, "tp", None) is not None:
-        from shardbound.runtime.engine.alpha import alpha_crown
-
-        lb, ub = alpha_crown(network, lower, upper, C, iterations, cache=(ibp, known),
-                             stop=stop)         # its own learning rate: tp's bits as before
-        return lb, ub, dict(known)
-    if not network.optimisable_nodes() or not network.any_inexact(known):
+    if not network.optimisable_nodes() or not _any_inexact(network, known):
         return lb_all, ub_all, dict(known)
     B = lower.shape[0]
     starts = start_nodes(network, known, B, max_alpha_elements, lower, upper)
@@ -120,7 +121,8 @@ def full_alpha_crown(network, lower: torch.Tensor, upper: torch.Tensor, C=None,
     ledger = network.ledger
     saved = SavedTensorCounter(ledger)
     current = {"known": dict(known)}
-    sharded = (a, b) != (0, S_all) or any(len(s.mine) != len(s.index) for s in starts)
+    sharded = ((a, b) != (0, S_all) or any(len(s.mine) != len(s.index) for s in starts)
+               or network.tp is not None)      # tp: a rank holds its channels' alphas
     keep_final = {} if replay is not None and not sharded else None
     kept = None
     if keep_final is not None:
@@ -135,7 +137,11 @@ def full_alpha_crown(network, lower: torch.Tensor, upper: torch.Tensor, C=None,
     def objective(last):
         cur = dict(known)
         for s in starts:
-            if s.starts is None:
+            if s.zone is not None:
+                if not s.zone.runs:         # local rows, none of them on this rank
+                    continue
+                value = s.zone.backward(network, s.node, lower, upper, cur, s.alphas, s.layout)
+            elif s.starts is None:
                 value = network.backward(s.node, s.A, lower, upper, cur, s.alphas,
                                          lower_only=True, alpha_layout=s.layout)[0]
             else:               # from the node's inputs: its own step is the same each time
@@ -189,15 +195,19 @@ def start_nodes(network, known, B: int, max_alpha_elements: int = MAX_ALPHA_ELEM
     where they travel in patches form: `_patch_rows`, given the box)."""
     position = {n.name: i for i, n in enumerate(network.nodes)}
     optimisable = network.optimisable_nodes()
-    per_row = {r.name: math.prod(r.alpha_init([known.get(i) for i in r.inputs]).shape[1:])
-               for r in optimisable}
+    per_row = _per_row(network, optimisable, known)
     out = []
     for node in network.nodes:
         if (network.intermediate.get(node.name) != "crown" or node is network.input
-                or hasattr(node, "crown_bounds") or node.name not in known):
+                or node.name not in known):
             continue
         before = [r for r in optimisable if position[r.name] < position[node.name]
                   and all(i in known for i in r.inputs)]
+        if hasattr(node, "crown_bounds"):       # a tp zone node: a slice of its neurons here
+            zone = _zone_start(network, node, known, B, before, per_row, max_alpha_elements)
+            if zone is not None:
+                out.append(zone)
+            continue
         lo, hi = known[node.name]
         index = torch.nonzero(network.inexact_mask(node, known[node.name]).reshape(B, -1)
                               .any(dim=0)).reshape(-1)
@@ -225,6 +235,45 @@ def start_nodes(network, known, B: int, max_alpha_elements: int = MAX_ALPHA_ELEM
             A = None                    # the pass starts from `own` instead
         out.append(StartNode(node, index, mine, A, alphas, best, layout, *own))
     return out
+
+
+def _zone_start(network, node, known, B, before, per_row, max_alpha_elements):
+    """The StartNode of a tp zone node (rows as runtime/parallel/tp.py ZoneStartRows lays
+    them out), or None where single mode would have none: the same decision on every rank
+    (neurons and alpha elements counted over all ranks)."""
+    from shardbound.runtime.parallel.tp import ZoneStartRows
+
+    if not before:
+        return None
+    rows = ZoneStartRows(network, node, known, B)
+    if rows.total == 0 or B * 2 * rows.total * sum(per_row[r.name] for r in before) > \
+            max_alpha_elements:
+        return None
+    layout = {}
+    alphas = _alphas(network, known, B, 2 * len(rows.index), before, layout)
+    return StartNode(node, rows.index, rows.index, None, alphas, rows.best, layout, zone=rows)
+
+
+def _per_row(network, ops, known) -> dict:
+    """Alpha elements per row of each op of `ops`, over all ranks: a tp zone op holds its
+    channels' (their sum over ranks is the whole op's, what single mode counts)."""
+    per_row = {r.name: math.prod(r.alpha_init([known.get(i) for i in r.inputs]).shape[1:])
+               for r in ops}
+    zone = [r for r in ops if hasattr(r, "gather_neurons")]
+    if network.tp is not None and zone:
+        comm = network.tp.comm
+        counts = torch.tensor([float(per_row[r.name]) for r in zone], dtype=torch.float64)
+        every = comm.all_gather_flat(counts).reshape(comm.world, -1).sum(dim=0)
+        per_row.update({r.name: int(v) for r, v in zip(zone, every.tolist())})
+    return per_row
+
+
+def _any_inexact(network, known) -> bool:
+    """`Network.any_inexact`, agreed over tp ranks (each holds some neurons of a zone)."""
+    inexact = network.any_inexact(known)
+    if network.tp is not None:
+        inexact = bool(network.any_over_ranks(torch.tensor([inexact])).item())
+    return inexact
 
 
 def _own_step(network, node, mine, B: int, like):
@@ -333,6 +382,8 @@ def _dense_alphas(network, layout: dict, alphas: dict, known) -> dict:
 def _merged(network, s: StartNode, base):
     """`base` (the node's planned bounds) with its start rows' best bounds, all ranks' rows
     gathered (every rank then holds the same bounds, as after a CROWN pass)."""
+    if s.zone is not None:
+        return s.zone.merged(s.best, base)
     lo, hi = base
     B, k, m = lo.shape[0], len(s.index), len(s.mine)
     both = network.rows.gather(torch.stack([s.best[:, :m], -s.best[:, m:]], dim=-1), k)
@@ -346,16 +397,8 @@ def _merged(network, s: StartNode, base):
 
 def root_bounds(network, lower, upper, C, cache, stop=None, replay=None):
     """What `verify` runs once per input box after CROWN: (lower bounds (B, S) by full
-    alpha-CROWN, the tightened intermediate bounds: branch and bound's root prior). In tp
-    (no intermediate start nodes) the intermediate bounds are first tightened node by node
-    (runtime/engine/intermediate_alpha.py), then alpha-CROWN of the final pass runs on them."""
-    if getattr(network, "tp", None) is not None:
-        from shardbound.runtime.engine.alpha import alpha_crown
-        from shardbound.runtime.engine.intermediate_alpha import optimise_intermediate_bounds
-
-        known = optimise_intermediate_bounds(network, lower, upper, cache[1], stop=stop)
-        lb, _ = alpha_crown(network, lower, upper, C, cache=(cache[0], known), stop=stop)
-        return lb, known
+    alpha-CROWN, the tightened intermediate bounds: branch and bound's root prior), in every
+    mode (tp: zone nodes' start rows as runtime/parallel/tp.py lays them out)."""
     lb, _, known = full_alpha_crown(network, lower, upper, C, cache=cache, stop=stop,
                                     replay=replay)
     return lb, known

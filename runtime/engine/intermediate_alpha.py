@@ -13,6 +13,9 @@ Measured on mnistfc 256x2 (eps 0.03): the unstable neurons of the second layer f
 to 102 on prop_1, and the final alpha-CROWN margin improves by 20-40% of its gap (prop_1
 -1.81 -> -1.47, prop_0 -0.30 -> -0.18), for about 0.1 s. The verifier runs it once per input
 box and hands the bounds to branch and bound as its root prior: every domain inherits them.
+(That was tp's root; verify now runs full alpha-CROWN there in every mode,
+runtime/engine/full_alpha.py `root_bounds`, which optimises these rows jointly with the
+final spec's, zone nodes included.)
 
 Deterministic (fixed iterations, no randomness). Skipped for tp zone nodes (each rank holds a
 slice of their rows), and for a node whose alpha tensors would exceed `max_alpha_elements`

@@ -602,7 +602,7 @@ class Network:
             from shardbound.runtime.engine.alpha import alpha_crown
 
             return alpha_crown(self, lower, upper, C)
-        if method == "full-alpha-crown":    # alphas per start node (in tp: as alpha-crown)
+        if method == "full-alpha-crown":    # alphas per start node (tp: zone nodes too)
             from shardbound.runtime.engine.full_alpha import full_alpha_crown
 
             return full_alpha_crown(self, lower, upper, C)[:2]

@@ -155,10 +155,14 @@ class RowLinear(ZoneOp, Linear):
         return (slice(None),)
 
     def backward_linear(self, A):
-        """A (replicated) -> the A of this rank's input channels; the bias is replicated."""
+        """A (replicated) -> the A of this rank's input channels; the bias is replicated.
+        The product is the column layer's forward pair (`Reduction.column_matmul`): its
+        gradient w.r.t. the replicated A sums over the zone's channels in the reduction's
+        order, which `blocked` finishes in single mode's tree for any P (summing every rank's
+        part in rank order broke that tree once a rank held part of a subtree: 8 blocks on
+        P = 4)."""
         w_t = self.param("weight").t().contiguous()
-        A_in = local_of_replicated(self.red, A, lambda a: contract.matmul(a, w_t, self.order))
-        return [A_in], self._bias_term(A)
+        return [self.red.column_matmul(A, w_t)], self._bias_term(A)
 
     def _affine(self, x, w, with_bias=True):
         y = self.red.matmul(x, w)
@@ -415,3 +419,79 @@ def _all_rows(network, node, mine, every_neuron, lower, upper, known):
         empty = torch.zeros((B, 0), dtype=lower.dtype, device=lower.device)
         return empty, empty.clone()
     return torch.cat(los, dim=1), torch.cat(his, dim=1)
+
+
+# -- full alpha-CROWN's start rows of a zone node ---------------------------------------------------
+class ZoneStartRows:
+    """The rows full alpha-CROWN (runtime/engine/full_alpha.py) optimises for a zone node,
+    rows z_i then -z_i of its neurons inexact in some box, laid out as tp's CROWN bounds the
+    node (`crown_zone_node`):
+
+    - `local` (no zone upstream, `tp_local_rows`): each rank carries the rows of its own
+      neurons alone, with no collective in the pass; `index` is this rank's neurons (flat,
+      local numbering), so the rows' alphas and Adam's moments are this rank's and no other's;
+    - otherwise every rank carries the rows of every rank's inexact neurons (`index`: flat,
+      whole-node numbering, ascending), each with its own channels' columns (the reductions
+      finish them), and holds the alphas of those rows at its zone channels (replicated ops'
+      alphas, like their A-matrices, on every rank); the bounds of the rows come out on every
+      rank, and each keeps those of its own neurons (`offset`: its first neuron).
+
+    `total` is the number of inexact neurons over all ranks (every rank decides alike)."""
+
+    def __init__(self, network, node: ShardOutput, known, B: int):
+        lo, hi = (t.reshape(B, -1) for t in known[node.name])
+        mask = network.inexact_mask(node, known[node.name]).reshape(B, -1).any(dim=0)
+        every = node.gather_neurons(mask.to(lo.dtype).unsqueeze(0))[0] > 0
+        self.total = int(every.sum())
+        self.local = bool(node.tp_local_rows)
+        self.offset, n = node.neuron_range()[0], lo.shape[1]
+        if self.local:
+            self.index = torch.nonzero(mask).reshape(-1).cpu()
+            eye = unit_rows(self.index, n, lo.dtype, lo.device)
+            idx = self.index.to(lo.device)
+            self.best = torch.cat([lo[:, idx], -hi[:, idx]], dim=1)
+        else:
+            self.index = torch.nonzero(every).reshape(-1).cpu()
+            here = (self.index >= self.offset) & (self.index < self.offset + n)
+            eye = torch.zeros(len(self.index), n, dtype=lo.dtype)
+            eye[torch.nonzero(here).reshape(-1), self.index[here] - self.offset] = 1
+            eye = eye.to(lo.device)
+            both = node.gather_neurons(torch.cat([lo, hi]))         # (2B, all neurons)
+            idx = self.index.to(lo.device)
+            self.best = torch.cat([both[:B, idx], -both[B:, idx]], dim=1)
+        A = torch.cat([eye, -eye]).reshape(1, 2 * len(self.index), *node.shape)
+        self.A = A.expand(B, *A.shape[1:])
+
+    def merged(self, best: torch.Tensor, base):
+        """This rank's bounds of the node (`base`, (B, *local shape)) with the rows' best
+        bounds (B, 2 len(index)) of its own neurons."""
+        lo, hi = base
+        B, k, n = lo.shape[0], len(self.index), math.prod(lo.shape[1:])
+        new_lo, new_hi = lo.reshape(B, n).clone(), hi.reshape(B, n).clone()
+        rows = torch.arange(k)
+        cols = self.index - (0 if self.local else self.offset)
+        if not self.local:
+            mine = (cols >= 0) & (cols < n)
+            rows, cols = rows[mine], cols[mine]
+        rows, cols = rows.to(lo.device), cols.to(lo.device)
+        new_lo[:, cols] = torch.maximum(new_lo[:, cols], best[:, rows])
+        new_hi[:, cols] = torch.minimum(new_hi[:, cols], -best[:, k + rows])
+        return new_lo.reshape(lo.shape), new_hi.reshape(hi.shape)
+
+    def backward(self, network, node, lower, upper, known, alphas, layout):
+        """The lower bounds (B, rows) of the rows through the network (see the class)."""
+        if not self.local:
+            return network.backward(node, self.A, lower, upper, known, alphas,
+                                    lower_only=True, alpha_layout=layout)[0]
+        node.ctx.rows_local = True
+        try:
+            return network.backward(node, self.A, lower, upper, known, alphas,
+                                    lower_only=True, alpha_layout=layout)[0]
+        finally:
+            node.ctx.rows_local = False
+
+    @property
+    def runs(self) -> bool:
+        """Whether this rank runs the rows' pass (a rank without rows of its own on local
+        rows has nothing to bound, and the pass has no collective to join)."""
+        return len(self.index) > 0

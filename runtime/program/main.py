@@ -217,16 +217,21 @@ def _tp_predicted_peak(net, comm, method: str, lb) -> int:
     from shardbound.runtime.accounting import tp_model
     from shardbound.runtime.parallel.tp_reduce import channel_ranges
 
-    if method == "full-alpha-crown":
-        method = "alpha-crown"          # tp runs the final pass's alphas (network.py)
+    if method == "full-alpha-crown" and net.alpha_rows is None:
+        method = "crown"                # no optimisation ran (full_alpha.py): CROWN's figure
     rows = comm.all_gather_objects(net.bounded_rows)
+    alpha_rows = alpha_neurons = None
+    if method == "full-alpha-crown":    # each rank's start rows and sparse alphas
+        alpha_rows, alpha_neurons = zip(*comm.all_gather_objects((net.alpha_rows,
+                                                                  net.alpha_neurons)))
     nodes, places = tp_model.network_places(net)
     pred = tp_model.predict_tp_peak(nodes, places, net.output.name, comm.world,
                                     partial(channel_ranges, net.order), order=net.order,
                                     batch=lb.shape[0] if lb.dim() > 1 else 1,
                                     spec_rows=lb.shape[-1], method=method, crown_rows=rows,
                                     row_tile=net.row_tile, refine=tp_model.refines(net),
-                                    ibp_planned=tp_model.ibp_planned(net))
+                                    ibp_planned=tp_model.ibp_planned(net),
+                                    alpha_rows=alpha_rows, alpha_neurons=alpha_neurons)
     return pred["peak_tracked_bytes"]
 
 
