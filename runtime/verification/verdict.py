@@ -15,6 +15,7 @@ budget ends the run with `timeout`, on every rank at the same point.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -39,6 +40,11 @@ from shardbound.runtime.program.grad_mode import outside_inference_mode
 FIRST_TRY_SHARE = 0.1    # of the time left: ReLU branch and bound before split refinement
 REFINE_SHARE = 0.25      # of the time left, at most, for split refinement of the root prior
 MILP_SHARE = 0.6         # of the time left after the first try, at most, for the MILP stage
+# The MILP stage is opt-in (SHARDBOUND_MILP=1): on mnistfc prop_1_0.03, the one instance it
+# was built for, it needs ~100 CPU s of HiGHS beside ~20 s of verify's other stages, so it
+# does not fit the 120 s timeout on this project's machines, and by default it would take
+# that time from branch and bound, which proves prop_3_0.03 (README, the MILP paragraph).
+MILP_ENV = "SHARDBOUND_MILP"
 SPLIT_MAX_INPUTS = 16     # input splitting beyond this many inputs rarely finishes
 # default mode confirms counterexamples in float64 too for networks up to this many weights
 DEFAULT_FLOAT64_ELEMENTS = 1 << 22
@@ -248,9 +254,11 @@ class _CaseRunner:
         `lb` leave open, in at most MILP_SHARE of the time left: ("unsat", None) when it
         refutes them all, ("sat", cex) for a confirmed point it found, else None. Default
         mode only (a float solver's "infeasible" is no rigorous enclosure), one process
-        (no tp zones, no row sharding), networks `milp.encodable` accepts."""
+        (no tp zones, no row sharding), networks `milp.encodable` accepts; opt-in
+        (SHARDBOUND_MILP=1, see MILP_ENV)."""
         net = self.net
-        if (self.soundness != "default" or getattr(net, "tp", None) is not None
+        if (os.environ.get(MILP_ENV) != "1" or self.soundness != "default"
+                or getattr(net, "tp", None) is not None
                 or net.rows.enabled or not milp.encodable(net, prior)):
             return None
         self.start("milp")
