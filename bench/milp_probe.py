@@ -3,7 +3,7 @@
 MILP solver's (HiGHS through highspy, one thread, fixed seed), uncertified.
 
     python3 bench/milp_probe.py --onnx mnist-net_256x2.onnx --vnnlib prop_1_0.03.vnnlib \
-        [--runs lp,layer,spec,bab] [--cap S] [--bab-cpu S]
+        [--runs lp,layer,spec,refute,bab] [--cap S] [--bab-cpu S]
 
 From the root's best intermediate bounds (full alpha-CROWN's, `full_alpha.root_bounds`):
   lp     the triangle-relaxation LP for both bounds of every unstable neuron of the last
@@ -13,6 +13,8 @@ From the root's best intermediate bounds (full alpha-CROWN's, `full_alpha.root_b
          neuron stable), each capped at --cap wall seconds; its dual bound is kept;
   spec   a MILP per spec row with binaries for every unstable neuron, on the layer's bounds
          when `layer` ran first;
+  refute verify's MILP stage (`runtime/verification/milp.py`: each conjunction's MILP pruned
+         at its threshold plus a margin), the rows sharing --cap x rows wall seconds;
   bab    verify's ReLU branch and bound (`relu_split`) from the prior with the layer's bounds
          intersected in, stopped after --bab-cpu CPU seconds.
 Needs `pip install highspy` (not a shardbound dependency). Linear/ReLU chains only.
@@ -186,6 +188,13 @@ def main(argv=None):
         elif run == "spec":
             print("  spec MILP:")
             spec_rows(Mip(hs, *box, layers, bounds, binary_upto=len(layers)), args.cap)
+        elif run == "refute":
+            from shardbound.runtime.verification import milp
+            n = int(owner.max()) + 1
+            refuted, found = milp.refute(net, prior, lo, hi, C.double().numpy(), d, owner, n,
+                                         np.ones(n, dtype=bool), time.monotonic() + args.cap * n)
+            print(f"  refute: {int(refuted.sum())} of {n} conjunctions refuted {refuted.astype(int)}, "
+                  f"{len(found)} points found")
         elif run == "bab":
             lo_t, up_t = prior[last_name]
             as32 = lambda v, way: torch.from_numpy(                          # noqa: E731

@@ -41,7 +41,7 @@ FIRST_TRY_SHARE = 0.1    # of the time left: ReLU branch and bound before split 
 REFINE_SHARE = 0.25      # of the time left, at most, for split refinement of the root prior
 MILP_SHARE = 0.6         # of the time left after the first try, at most, for the MILP stage
 # The MILP stage is opt-in (SHARDBOUND_MILP=1): on mnistfc prop_1_0.03, the one instance it
-# was built for, it needs ~100 CPU s of HiGHS beside ~20 s of verify's other stages, so it
+# was built for, it needs ~127 CPU s of HiGHS beside ~20 s of verify's other stages, so it
 # does not fit the 120 s timeout on this project's machines, and by default it would take
 # that time from branch and bound, which proves prop_3_0.03 (README, the MILP paragraph).
 MILP_ENV = "SHARDBOUND_MILP"
