@@ -52,6 +52,7 @@ class Relu(ElementwiseRelaxation):
     has_alpha = True
     alpha_slope_only = True
     splittable = True
+    mip_encoding = "relu"
 
     @classmethod
     def summation_note(cls, facts, sums):

@@ -31,6 +31,10 @@ Traits (defaults in `Op`):
   with a narrower interval rather than becoming exact on a side of 0.
 - `pointwise_affine`: y = x * scale + shift elementwise (canonicalize merges these and folds
   them into the layers around them through `absorb_affine_after` / `absorb_affine_before`).
+- `mip_encoding`: how a mixed-integer program can state the op exactly (the MILP stage of
+  verify, runtime/verification/milp.py): "affine" (y = W x + b on a 1-D input: the weight
+  and bias params), "relu" (max(x, 0): one binary per unstable neuron), "view" (is_view ops:
+  the same values); None: the op cannot be encoded and the stage is skipped.
 - `accepts_patches`: the backward step takes (and gives) A-matrices in patches form (rows
   nonzero only in a window of a (C, H, W) grid: runtime/ops/patches.py); the engine turns
   patches dense before any op that does not declare it.
@@ -104,6 +108,7 @@ class Op:
     splittable = False
     interval_splittable = False
     pointwise_affine = False
+    mip_encoding: str | None = None
     accepts_patches = False         # the backward step takes A in patches form (patches.py)
     alpha_saved = (0.0, 0.25)       # autograd's saved A-sized tensors (alpha_model.py)
     alpha_per_element = 1           # optimised values per input element (has_alpha ops)

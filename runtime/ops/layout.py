@@ -37,6 +37,7 @@ class Reshape(Op):
 
     kind = "reshape"
     is_view = True
+    mip_encoding = "view"
     backward_memory = "view"
 
     def setup(self, target=()):

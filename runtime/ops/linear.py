@@ -21,6 +21,7 @@ class Linear(Op):
     param_roles = ("weight", "bias")
     streams_weight = True
     tp_roles = ("column", "row")
+    mip_encoding = "affine"
 
     # -- what passes ask ------------------------------------------------------------------
     @classmethod

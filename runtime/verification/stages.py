@@ -26,6 +26,7 @@ LABELS = {
     "input-split": "branch and bound (input splitting)",
     "attack-strong": "strong attack (PGD, 32 restarts)",
     "split-refine": "intermediate bounds by split refinement",
+    "milp": "MILP over the unstable ReLUs (HiGHS)",
     "relu-split": "branch and bound (ReLU and interval splitting, beta-CROWN)",
 }
 
