@@ -148,7 +148,8 @@ class RigorousBounds:
         mask = torch.zeros_like(bounds[n.name][0], dtype=torch.bool)
         for consumer in self.relaxed_consumers[n.name]:
             given = [bounds[n.name] if i == n.name else None for i in consumer.inputs]
-            for name, m in zip(consumer.inputs, consumer.op.inexact_inputs(given)):
+            rule = getattr(consumer, "inexact_inputs", consumer.op.inexact_inputs)
+            for name, m in zip(consumer.inputs, rule(given)):
                 if name == n.name and m is not None:
                     mask |= m
         return mask
