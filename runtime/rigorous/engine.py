@@ -66,6 +66,8 @@ class RigorousBounds:
         check_covered(network, soundness)
         self.float32 = soundness == "float32"
         self.nodes = [step_class(op)(op) for op in network.nodes]
+        for n in self.nodes:
+            n.float32 = self.float32
         self.by_name = {n.name: n for n in self.nodes}
         self.input = self.nodes[0]
         self.output = self.by_name[network.output.name]
