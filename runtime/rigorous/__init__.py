@@ -31,7 +31,8 @@ no declared step is refused in one line (`check_covered`).
 
 from shardbound.runtime.rigorous import (activation, arithmetic, bilinear,  # noqa: F401
                                          conv, discrete, intercepts, layout, linear,
-                                         movement, normalization, pooling, reduction)
+                                         movement, normalization, pooling, reduction,
+                                         softmax)
 from shardbound.runtime.rigorous.core import to_float32_outward
 from shardbound.runtime.rigorous.engine import (SOUNDNESS, RigorousBounds, check_covered,
                                                 covered_kinds, rigorous_box_bounds)

@@ -1,0 +1,178 @@
+"""Rigorous step of the softmax family: `softmax` and `log_softmax` over the last axis.
+
+Every quantity is enclosed in float64 interval arithmetic: differences, sums of positive
+terms (gamma_n), products and quotients move one ulp outward after rounding, and the library's
+exp, log and log1p are allowed LIB (2^-46, the computed-intercept functions' allowance,
+runtime/ops/intercepts.py) relative to their value.
+
+IBP (the engine's formula, exact per output over the box): softmax_i lies in
+[1 / (1 + e^{T_i}), 1 / (1 + e^{t_i})] with T_i = LSE_{j != i}(u_j - l_i) and t_i =
+LSE_{j != i}(l_j - u_i) (LSE is increasing in each argument, so T_i is enclosed from above
+by the LSE of the differences rounded up, t_i from below), log_softmax_i in [-softplus(T_i),
+-softplus(t_i)]. No overflow: LSE is computed shifted by its largest argument, and e^{T} = inf
+gives the bound 0 (the true one is below e^-709).
+
+CROWN: the engine's planes (runtime/ops/softmax.py, after Wei et al. 2023), built again with
+every coefficient enclosed. With D(x) = sum_j chord_j(x_j) >= sum_j e^{x_j} (chord_j: the exact
+chord of exp over [l_j, u_j]; only its enclosure is computed), h_i(x) = x_i - log D(x) is convex
+and below log_softmax_i, and e^{h_i} is convex and below softmax_i; x_i - LSE(x) is
+log_softmax_i itself, concave. For a function with a tangent plane below it (or above) at the
+box centre x0, value v and gradient g known only as intervals, the plane a . x + c with a the
+midpoint of g's interval and c = v_lo - a . x0 - rad . r (rad: the distance of a from g's
+interval, r: the box's half width, both rounded up) is below it at every point of the box in
+exact arithmetic (mirrored above). softmax_i's upper plane is 1 - sum_{j != i} (lower line of
+j), its coefficients summed in float64 with their gamma error charged over max |x|. Per side
+the plane or the IBP constant, whichever is better at x0 (both sound), as the engine chooses;
+the engine's sigmoid planes (tighter on narrow boxes) are not rebuilt, so the upper side may
+be looser there. Applying the lines: per softmax row the (n, n) slopes contracted with the
+row's coefficients (charged gamma_{2n} of the absolute products times max |x|), the constants
+a dot product rounded down. float32 mode: the library's float32 softmax is allowed 16 float32
+ulps of max |f| plus n ulps for its sum (relaxation.py's allowance).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from shardbound.runtime.ops.intercepts import EPS as LIB
+from shardbound.runtime.ops.softmax import _SoftmaxFamily
+from shardbound.runtime.rigorous.core import (DT, U32, Step, absdot_upper, down, gamma,
+                                              nan_vacuous, rigorous_step, up)
+from shardbound.runtime.rigorous.relaxation import F32_ULPS, masked_dot_lower
+
+
+# -- interval arithmetic on float64 tensors -------------------------------------------------------
+def _exp_lo(t):
+    return down(torch.exp(t) * (1.0 - LIB))
+
+
+def _exp_hi(t):
+    return up(torch.exp(t) * (1.0 + LIB))
+
+
+def _lib_lo(v):
+    """A library value v moved below its true one (infinite v kept)."""
+    return torch.where(torch.isfinite(v), down(v - LIB * v.abs()), v)
+
+
+def _lib_hi(v):
+    return torch.where(torch.isfinite(v), up(v + LIB * v.abs()), v)
+
+
+def _sum_lo(x):
+    """Of non-negative terms over the last axis."""
+    return down(x.sum(-1) * (1.0 - gamma(x.shape[-1])))
+
+
+def _sum_hi(x):
+    return up(x.sum(-1) * (1.0 + gamma(x.shape[-1])))
+
+
+def _mul(alo, ahi, blo, bhi):
+    """[alo, ahi] * [blo, bhi] (finite ends)."""
+    ps = [a * b for a in (alo, ahi) for b in (blo, bhi)]
+    lo = torch.stack([down(p) for p in ps]).amin(0)
+    hi = torch.stack([up(p) for p in ps]).amax(0)
+    return lo, hi
+
+
+def lse_hi(a):
+    """An upper bound of LSE over the last axis of exact values <= a (-inf entries: absent)."""
+    m = a.amax(-1, keepdim=True)
+    ms = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    s = _sum_hi(_exp_hi(up(a - ms)))
+    out = up(ms.squeeze(-1) + _lib_hi(torch.log(s)))
+    return torch.where(torch.isfinite(m.squeeze(-1)), out, m.squeeze(-1))
+
+
+def lse_lo(a):
+    """A lower bound of LSE over the last axis of exact values >= a."""
+    m = a.amax(-1, keepdim=True)
+    ms = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    s = _sum_lo(_exp_lo(down(a - ms)))
+    out = down(ms.squeeze(-1) + _lib_lo(torch.log(s)))
+    return torch.where(torch.isfinite(m.squeeze(-1)), out, m.squeeze(-1))
+
+
+def softplus_hi(t):
+    w = _exp_hi(-t.abs())
+    return up(t.clamp(min=0) + _lib_hi(torch.log1p(w)))
+
+
+def softplus_lo(t):
+    w = _exp_lo(-t.abs())
+    return down(t.clamp(min=0) + _lib_lo(torch.log1p(w)))
+
+
+def _others(a):
+    """a (..., n, n) with the diagonal (j == i) absent (-inf)."""
+    n = a.shape[-1]
+    return a.masked_fill(torch.eye(n, dtype=torch.bool), -math.inf)
+
+
+def softmax_ibp(lo, hi, log: bool):
+    """Rigorous bounds of softmax (or log_softmax) over the last axis on the box [lo, hi]."""
+    T = lse_hi(_others(up(hi.unsqueeze(-2) - lo.unsqueeze(-1))))    # [i, j] = u_j - l_i
+    t = lse_lo(_others(down(lo.unsqueeze(-2) - hi.unsqueeze(-1))))   # [i, j] = l_j - u_i
+    if log:
+        low, high = down(-softplus_hi(T)), up(-softplus_lo(t))
+        low = torch.where(torch.isnan(low), -math.inf, low)
+        high = torch.where(torch.isnan(high), 0.0, high).clamp(max=0.0)
+    else:
+        low = down(1.0 / up(1.0 + _exp_hi(T)))
+        high = up(1.0 / down(1.0 + _exp_lo(t)))
+        low = torch.where(torch.isnan(low), 0.0, low).clamp(0.0, 1.0)
+        high = torch.where(torch.isnan(high), 1.0, high).clamp(0.0, 1.0)
+    return low, high
+
+
+@rigorous_step(_SoftmaxFamily)
+class SoftmaxStep(Step):
+    def load(self, op):
+        self.log = op.log
+        self.n = self.shape[-1]
+
+    def forward(self, xs):
+        x = xs[0].to(DT)
+        return torch.log_softmax(x, dim=-1) if self.log else torch.softmax(x, dim=-1)
+
+    def f32_delta(self, mags, out):
+        lo, hi = out
+        m = torch.maximum(lo.abs(), hi.abs())
+        return up(m * ((F32_ULPS + self.n) * 2 * U32) + F32_ULPS * 2.0 ** -149)
+
+    def ibp(self, bounds, float32):
+        lo, hi = bounds[0]
+        low, high = softmax_ibp(lo.to(DT), hi.to(DT), self.log)
+        if float32:
+            d = self.f32_delta(None, (low, high))
+            low, high = down(low - d), up(high + d)
+        return nan_vacuous(low, high)
+
+    def lines(self, lo, hi):
+        """(aL, cL, aU, cU): aL (B, ..., n, n) with row i the slopes of output i's lower line,
+        cL (B, ..., n); sound over [lo, hi] in exact arithmetic."""
+        low, high = self.ibp([(lo, hi)], False)     # float32's delta is charged apart
+        zero = torch.zeros(*low.shape, self.n, dtype=DT)
+        return zero, low, zero, high
+
+    def back(self, L, in_bounds, mags, alpha=None):
+        B, S = L.shape[:2]
+        lo, hi = in_bounds[0]
+        aL, cL, aU, cU = self.lines(lo, hi)
+        pos = L.clamp(min=0)
+        neg = L - pos
+        R = math.prod(self.shape[:-1])
+        n = self.n
+        both = torch.cat([pos, neg], -1).reshape(B, S, R, 2 * n)
+        slopes = torch.cat([aL, aU], -2).reshape(B, 1, R, 2 * n, n)      # [(i | n + i), k]
+        A_in = (both.unsqueeze(-2) @ slopes).squeeze(-2).reshape(B, S, *self.shape)
+        wm = up((slopes.abs() @ mags[0].reshape(B, 1, R, n, 1)).squeeze(-1)
+                * (1.0 + gamma(n + 1)))                                    # (B, 1, R, 2n)
+        charge = up(absdot_upper(both.reshape(B, S, -1), wm.reshape(B, 1, -1))
+                    * gamma(2 * n + 1))
+        icpt = torch.cat([cL, cU], -1).reshape(B, 1, R * 2 * n)
+        bias = masked_dot_lower(both.reshape(B, S, -1), icpt, B, S)
+        return [(A_in, charge)], bias
