@@ -38,9 +38,9 @@ import torch
 
 from shardbound.runtime.ops.intercepts import EPS as LIB
 from shardbound.runtime.ops.softmax import _SoftmaxFamily
-from shardbound.runtime.rigorous.core import (DT, U32, Step, absdot_upper, down, gamma,
+from shardbound.runtime.rigorous.core import (DT, TINY, U32, Step, absdot_upper, down, gamma,
                                               nan_vacuous, rigorous_step, up)
-from shardbound.runtime.rigorous.relaxation import F32_ULPS, masked_dot_lower
+from shardbound.runtime.rigorous.relaxation import F32_ULPS, cached, masked_dot_lower
 
 
 # -- interval arithmetic on float64 tensors -------------------------------------------------------
@@ -128,6 +128,22 @@ def softmax_ibp(lo, hi, log: bool):
     return low, high
 
 
+def _tangent(v_lo, v_hi, g_lo, g_hi, x0, r, below: bool):
+    """The plane a . x + c of a convex (below) or concave (above) function over the box
+    x0 -+ r from enclosures of its value (..., n) and gradient (..., n, n) at x0: a the
+    gradient interval's midpoint, c moved by a . x0 and by rad . r (rad >= |a - g|)."""
+    a = (g_lo + g_hi) / 2
+    rad = torch.maximum(up(g_hi - a), up(a - g_lo))
+    n = a.shape[-1]
+    xa = x0.unsqueeze(-2)
+    s, e = (a * xa).sum(-1), (a.abs() * xa.abs()).sum(-1)
+    allow = up(gamma(n + 1) * e + n * TINY)
+    spread = up((rad * r.unsqueeze(-2)).sum(-1) * (1.0 + gamma(n + 1)))
+    if below:
+        return a, down(down(v_lo - up(s + allow)) - spread)
+    return a, up(up(v_hi - down(s - allow)) + spread)
+
+
 @rigorous_step(_SoftmaxFamily)
 class SoftmaxStep(Step):
     def load(self, op):
@@ -153,10 +169,81 @@ class SoftmaxStep(Step):
 
     def lines(self, lo, hi):
         """(aL, cL, aU, cU): aL (B, ..., n, n) with row i the slopes of output i's lower line,
-        cL (B, ..., n); sound over [lo, hi] in exact arithmetic."""
+        cL (B, ..., n); sound over [lo, hi] in exact arithmetic (kept for the last bounds:
+        every backward pass through the node asks for them)."""
+        return cached(self, lo, hi, lambda: self._lines(lo.to(DT), hi.to(DT)))
+
+    def _lines(self, lo, hi):
         low, high = self.ibp([(lo, hi)], False)     # float32's delta is charged apart
-        zero = torch.zeros(*low.shape, self.n, dtype=DT)
-        return zero, low, zero, high
+        finite = (torch.isfinite(lo) & torch.isfinite(hi)).all(-1, keepdim=True)
+        zero = torch.zeros_like(lo)
+        l, u = torch.where(finite, lo, zero), torch.where(finite, hi, zero)
+        x0 = torch.minimum(torch.maximum((l + u) / 2, l), u)
+        r = torch.maximum(up(u - x0), up(x0 - l))
+        (aL, cL), upper = self._planes(l, u, x0, r)
+
+        def centre(a, c):
+            return (a * x0.unsqueeze(-2)).sum(-1) + c
+
+        def pick(a, c, const, better):
+            use = finite & torch.isfinite(c) & torch.isfinite(a).all(-1)
+            use = use & better(centre(torch.where(use.unsqueeze(-1), a, 0.0),
+                                      torch.where(use, c, 0.0)), const)
+            return (torch.where(use.unsqueeze(-1), a, 0.0), torch.where(use, c, const))
+
+        aL, cL = pick(aL, cL, low, lambda v, k: v >= k)
+        aU, cU = upper if self.log else self._one_minus_others(aL, cL, l, u)
+        aU, cU = pick(aU, cU, high, lambda v, k: v <= k)
+        return aL, cL, aU, cU
+
+    def _planes(self, l, u, x0, r):
+        """The lower plane of every output (softmax: a tangent of e^{h_i}; log_softmax: of
+        h_i) and, for log_softmax, the upper plane (the tangent of x_i - LSE(x)), each as
+        (slopes (..., n, n), intercepts (..., n)); non-finite where an enclosure overflowed."""
+        n = self.n
+        eye = torch.eye(n, dtype=DT)
+        c = u.amax(-1, keepdim=True)                       # the shift: D_c = D e^{-c}
+        el_lo, el_hi = _exp_lo(down(l - c)), _exp_hi(up(l - c))
+        w_lo, w_hi = down(u - l).clamp(min=0), up(u - l)
+        one = torch.ones_like(l)
+        phi_lo = torch.where(w_lo > 0, down(_lib_lo(torch.expm1(w_lo)) / torch.where(
+            w_lo > 0, w_lo, one)), one)                    # expm1(w) / w, increasing
+        phi_hi = torch.where(w_hi > 0, up(_lib_hi(torch.expm1(w_hi)) / torch.where(
+            w_hi > 0, w_hi, one)), one)
+        s_lo, s_hi = down(el_lo * phi_lo), up(el_hi * phi_hi)       # the chords' slopes
+        d_lo, d_hi = down(x0 - l).clamp(min=0), up(x0 - l)
+        D_lo = _sum_lo(down(el_lo + down(s_lo * d_lo))).unsqueeze(-1)
+        D_hi = _sum_hi(up(el_hi + up(s_hi * d_hi))).unsqueeze(-1)
+        h_lo = down(down(x0 - c) - _lib_hi(torch.log(D_hi)))      # h_i(x0)
+        h_hi = up(up(x0 - c) - _lib_lo(torch.log(D_lo)))
+        q_lo, q_hi = down(s_lo / D_hi), up(s_hi / D_lo)            # grad of log D_c
+        g_lo = down(eye - q_hi.unsqueeze(-2))                      # grad h_i, [i, k]
+        g_hi = up(eye - q_lo.unsqueeze(-2))
+        if self.log:
+            lower = _tangent(h_lo, h_hi, g_lo, g_hi, x0, r, below=True)
+            p_lo, p_hi = softmax_ibp(x0, x0, log=False)            # softmax(x0)
+            f_lo = down(x0 - lse_hi(x0).unsqueeze(-1))
+            f_hi = up(x0 - lse_lo(x0).unsqueeze(-1))
+            upper = _tangent(f_lo, f_hi, down(eye - p_hi.unsqueeze(-2)),
+                             up(eye - p_lo.unsqueeze(-2)), x0, r, below=False)
+            return lower, upper
+        v_lo, v_hi = _exp_lo(h_lo), _exp_hi(h_hi)                  # e^{h_i(x0)}
+        G_lo, G_hi = _mul(v_lo.unsqueeze(-1), v_hi.unsqueeze(-1), g_lo, g_hi)
+        return _tangent(v_lo, v_hi, G_lo, G_hi, x0, r, below=True), None
+
+    def _one_minus_others(self, aL, cL, l, u):
+        """softmax_i = 1 - sum_{j != i} softmax_j <= 1 - sum_{j != i} (lower line of j): the
+        slopes as summed in float64, their distance from the exact sums (gamma_{n+1} of the
+        column's absolute sum) times max |x| added to the intercept."""
+        n = self.n
+        off = ~torch.eye(n, dtype=torch.bool)
+        aU = -(aL.sum(-2, keepdim=True) - aL)
+        err = up(aL.abs().sum(-2) * (1.0 + gamma(n + 1)) * gamma(n + 2))         # (..., n)
+        m = torch.maximum(l.abs(), u.abs())
+        slack = up((err * m).sum(-1, keepdim=True) * (1.0 + gamma(n + 1)))
+        others = cL.unsqueeze(-2).masked_fill(~off, 0.0)            # [i, j] = cL_j, j != i
+        s = down(others.sum(-1) - up(others.abs().sum(-1) * gamma(n + 1)))
+        return aU, up(up(1.0 - s) + slack)
 
     def back(self, L, in_bounds, mags, alpha=None):
         B, S = L.shape[:2]
