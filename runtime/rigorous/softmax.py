@@ -38,8 +38,9 @@ import torch
 
 from shardbound.runtime.ops.intercepts import EPS as LIB
 from shardbound.runtime.ops.softmax import _SoftmaxFamily
-from shardbound.runtime.rigorous.core import (DT, TINY, U32, Step, absdot_upper, down, gamma,
-                                              nan_vacuous, rigorous_step, up)
+from shardbound.runtime.rigorous.core import (DT, TINY, U32, U64, Step, absdot_upper, down,
+                                              gamma, nan_vacuous, rigorous_step,
+                                              to_float32_outward, up)
 from shardbound.runtime.rigorous.relaxation import F32_ULPS, cached, masked_dot_lower
 
 
@@ -128,6 +129,17 @@ def softmax_ibp(lo, hi, log: bool):
     return low, high
 
 
+def _better(a, c, a2, c2, x0, higher: bool):
+    """Per output the line (a, c) or (a2, c2) with the better value at x0 (a line with a
+    non-finite intercept never wins)."""
+    xa = x0.unsqueeze(-2)
+    v, v2 = (a * xa).sum(-1) + c, (a2 * xa).sum(-1) + c2
+    ok2 = torch.isfinite(c2) & torch.isfinite(a2).all(-1)
+    use2 = ok2 & (~(torch.isfinite(c) & torch.isfinite(a).all(-1))
+                  | ((v2 > v) if higher else (v2 < v)))
+    return torch.where(use2.unsqueeze(-1), a2, a), torch.where(use2, c2, c)
+
+
 def _tangent(v_lo, v_hi, g_lo, g_hi, x0, r, below: bool):
     """The plane a . x + c of a convex (below) or concave (above) function over the box
     x0 -+ r from enclosures of its value (..., n) and gradient (..., n, n) at x0: a the
@@ -191,10 +203,79 @@ class SoftmaxStep(Step):
                                       torch.where(use, c, 0.0)), const)
             return (torch.where(use.unsqueeze(-1), a, 0.0), torch.where(use, c, const))
 
+        sigmoid = None
+        if not self.log and self.n >= 2:
+            sigmoid = self._sigmoid_planes(l, u, x0, r)
+            aL, cL = _better(aL, cL, *sigmoid[0], x0, higher=True)
         aL, cL = pick(aL, cL, low, lambda v, k: v >= k)
         aU, cU = upper if self.log else self._one_minus_others(aL, cL, l, u)
+        if sigmoid is not None:
+            aU, cU = _better(aU, cU, *sigmoid[1], x0, higher=False)
         aU, cU = pick(aU, cU, high, lambda v, k: v <= k)
         return aL, cL, aU, cU
+
+    def _sigmoid_planes(self, l, u, x0, r):
+        """softmax_i = sigmoid(x_i - m_i), m_i = LSE_{j != i} x_j (the engine's second
+        construction, tighter on narrow boxes): m_i <= P_i(x), the tangent above the concave
+        log sum_{j != i} chord_j(x_j), and m_i >= Q_i(x), its own tangent below (convex), so
+        x_i - P_i <= x_i - m_i <= x_i - Q_i; sigmoid is increasing, so its lower line over
+        the range of x_i - P_i on the box (and upper line over that of x_i - Q_i; the
+        sigmoid kernel's lines, sound in exact arithmetic over the float32 interval rounded
+        outward) composed with the plane bounds softmax_i. The composition's products are
+        rounded: u |k a| max |x| moved into the intercept."""
+        from shardbound.runtime.ops.smooth import Sigmoid
+
+        n = self.n
+        eye = torch.eye(n, dtype=torch.bool)
+        lj, uj, xj = (t.unsqueeze(-2).expand(*t.shape[:-1], n, n) for t in (l, u, x0))
+        c = uj.masked_fill(eye, -math.inf).amax(-1, keepdim=True)        # max_{j != i} u_j
+        el_lo, el_hi = _exp_lo(down(lj - c)), _exp_hi(up(lj - c))
+        w_lo, w_hi = down(uj - lj).clamp(min=0), up(uj - lj)
+        one = torch.ones_like(lj)
+        phi_lo = torch.where(w_lo > 0, down(_lib_lo(torch.expm1(w_lo)) / torch.where(
+            w_lo > 0, w_lo, one)), one)
+        phi_hi = torch.where(w_hi > 0, up(_lib_hi(torch.expm1(w_hi)) / torch.where(
+            w_hi > 0, w_hi, one)), one)
+        s_lo = down(el_lo * phi_lo).masked_fill(eye, 0.0)
+        s_hi = up(el_hi * phi_hi).masked_fill(eye, 0.0)
+        d_lo, d_hi = down(xj - lj).clamp(min=0), up(xj - lj)
+        D_lo = _sum_lo(down(el_lo + down(s_lo * d_lo)).masked_fill(eye, 0.0)).unsqueeze(-1)
+        D_hi = _sum_hi(up(el_hi + up(s_hi * d_hi)).masked_fill(eye, 0.0)).unsqueeze(-1)
+        cs = c.squeeze(-1)
+        P_lo = down(cs + _lib_lo(torch.log(D_lo.squeeze(-1))))              # log D at x0
+        P_hi = up(cs + _lib_hi(torch.log(D_hi.squeeze(-1))))
+        aP, cP = _tangent(P_lo, P_hi, down(s_lo / D_hi), up(s_hi / D_lo), x0, r, below=False)
+        xo = xj.masked_fill(eye, -math.inf)
+        m_lo, m_hi = lse_lo(xo), lse_hi(xo)                                 # m_i(x0)
+        q_lo = _exp_lo(down(xo - m_hi.unsqueeze(-1))).masked_fill(eye, 0.0)
+        q_hi = _exp_hi(up(xo - m_lo.unsqueeze(-1))).masked_fill(eye, 0.0)
+        aQ, cQ = _tangent(m_lo, m_hi, q_lo, q_hi, x0, r, below=True)
+        unit = eye.to(DT)
+        sig = Sigmoid("sigma", ["t"], [tuple(l.shape[1:])])
+        M = torch.maximum(l.abs(), u.abs()).unsqueeze(-2)
+        out = []
+        for a, cc, lower in ((unit - aP, -cP, True), (unit - aQ, -cQ, False)):
+            # a's diagonal is 1 - 0 (a tangent's midpoint of [0, 0]): exact; range on the box
+            xa = x0.unsqueeze(-2)
+            mid, e = (a * xa).sum(-1) + cc, (a.abs() * xa.abs()).sum(-1) + cc.abs()
+            spread = up((a.abs() * r.unsqueeze(-2)).sum(-1) * (1.0 + gamma(n + 1)))
+            allow = up(gamma(n + 2) * e + n * TINY)
+            t_lo, t_hi = to_float32_outward(down(mid - allow - spread), up(mid + allow + spread))
+            ok = torch.isfinite(t_lo) & torch.isfinite(t_hi)
+            with torch.no_grad():
+                ln = sig.relax(torch.where(ok, t_lo, 0.0), torch.where(ok, t_hi, 0.0))
+            k, b = ((ln.lower_slope, ln.lower_icpt) if lower
+                    else (ln.upper_slope, ln.upper_icpt))
+            k, b = k.to(DT), b.to(DT)
+            ak = k.unsqueeze(-1) * a
+            move = up(up((ak.abs() * M).sum(-1) * (1.0 + gamma(n + 1))) * (1.01 * U64))
+            if lower:
+                ck = down(down(down(k * cc) + b) - move)
+            else:
+                ck = up(up(up(k * cc) + b) + move)
+            bad = ~ok
+            out.append((ak, torch.where(bad, torch.full_like(ck, math.nan), ck)))
+        return out
 
     def _planes(self, l, u, x0, r):
         """The lower plane of every output (softmax: a tangent of e^{h_i}; log_softmax: of
@@ -255,7 +336,7 @@ class SoftmaxStep(Step):
         n = self.n
         both = torch.cat([pos, neg], -1).reshape(B, S, R, 2 * n)
         slopes = torch.cat([aL, aU], -2).reshape(B, 1, R, 2 * n, n)      # [(i | n + i), k]
-        A_in = (both.unsqueeze(-2) @ slopes).squeeze(-2).reshape(B, S, *self.shape)
+        A_in = torch.einsum("bsrj,brjk->bsrk", both, slopes[:, 0]).reshape(B, S, *self.shape)
         wm = up((slopes.abs() @ mags[0].reshape(B, 1, R, n, 1)).squeeze(-1)
                 * (1.0 + gamma(n + 1)))                                    # (B, 1, R, 2n)
         charge = up(absdot_upper(both.reshape(B, S, -1), wm.reshape(B, 1, -1))
