@@ -145,44 +145,11 @@ def test_float32_mode_holds_a_comparison_that_rounding_flips(tmp_path):
     assert abs(got["float32"][0]) < tiny and got["float32"][1] >= 1.0
 
 
-def _discrete_net():
-    """Gemm -> Floor, Round, Cast int32, Where(Less), And, Equal, ArgMax, OneHot(ArgMin) ->
-    Concat -> Gemm."""
-    b = zoo.Builder(np.random.default_rng(7), (4,))
-    h = b.gemm("x", 4, 6)
-    two = b.op("Mul", [h, b.const(F32(2.0))])
-    fl = b.op("Floor", [b.op("Mul", [h, b.const(F32(1.5))])])
-    rd = b.op("Round", [h])
-    ci = b.op("Cast", [b.op("Cast", [two], to=TensorProto.INT32)], to=TensorProto.FLOAT)
-    wh = b.op("Where", [b.op("Less", [h, b.const(F32(0.1))]), h, two])
-    lg = b.op("Cast", [b.op("And", [b.op("Less", [h, b.const(F32(0.3))]),
-                                    b.op("Greater", [h, b.const(F32(-0.2))])])],
-              to=TensorProto.FLOAT)
-    eq = b.op("Cast", [b.op("Equal", [fl, rd])], to=TensorProto.FLOAT)
-    am = b.op("Cast", [b.op("ArgMax", [h], axis=1, keepdims=1)], to=TensorProto.FLOAT)
-    oh = b.op("OneHot", [b.op("ArgMin", [h], axis=1, keepdims=0),
-                         b.const(np.array(6, np.int64)), b.const(np.array([-1.0, 2.0], F32))],
-              axis=-1)
-    cat = b.op("Concat", [fl, rd, ci, wh, lg, eq, am, oh], axis=1)
-    return b.build(b.gemm(cat, 43, 3))
-
-
-def _normalized_softmax_net():
-    """Gemm -> LayerNorm -> Gemm -> Softmax -> Gemm, and a LogSoftmax beside it."""
-    rng = np.random.default_rng(8)
-    b = zoo.Builder(rng, (4,), opset=17)
-    h = b.gemm("x", 4, 6)
-    h = b.op("LayerNormalization", [h, b.const(rng.uniform(0.5, 1.5, (6,)).astype(F32)),
-                                    b.const(rng.normal(0, .1, (6,)).astype(F32))], axis=-1)
-    h = b.gemm(h, 6, 5)
-    s = b.gemm(b.op("Softmax", [h], axis=-1), 5, 2)
-    t = b.gemm(b.op("LogSoftmax", [h], axis=-1), 5, 2)
-    return b.build(b.op("Concat", [s, t], axis=1))
-
-
-@pytest.mark.parametrize("build", [_discrete_net, _normalized_softmax_net])
-def test_newly_covered_ops_hold_for_float64_and_float32(tmp_path, build):
-    v = _compile(tmp_path, build(), build.__name__)
+@pytest.mark.parametrize("name", ["discrete_mix", "norm_softmax_mlp"])
+def test_newly_covered_ops_hold_for_float64_and_float32(tmp_path, name):
+    """zoo.discrete_mix: Floor, Round, Cast int32, Where(Less), And, Equal, ArgMax,
+    OneHot(ArgMin); zoo.norm_softmax_mlp: LayerNorm, Softmax and LogSoftmax."""
+    v = _compile(tmp_path, zoo.build(name)[0], name)
     rng = np.random.default_rng(1)
     centre = rng.uniform(-0.5, 0.5, 4)
     for r, tight in ((0.0, False), (0.05, True), (0.5, True), (3.0, False)):
