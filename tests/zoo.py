@@ -587,7 +587,8 @@ def discrete_mix(rng):
     eq = b.op("Cast", [b.op("Equal", [fl, rd])], to=TensorProto.FLOAT)
     am = b.op("Cast", [b.op("ArgMax", [h], axis=1, keepdims=1)], to=TensorProto.FLOAT)
     oh = b.op("OneHot", [b.op("ArgMin", [h], axis=1, keepdims=0),
-                         b.const(np.array(6, np.int64)), b.const(np.array([-1.0, 2.0], np.float32))],
+                         b.const(np.array(6, np.int64)),
+                         b.const(np.array([-1.0, 2.0], np.float32))],
               axis=-1)
     cat = b.op("Concat", [fl, rd, ci, wh, lg, eq, am, oh], axis=1)
     return b.build(b.gemm(cat, 43, 3)), b.input_shape
