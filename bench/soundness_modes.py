@@ -31,7 +31,8 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 ZOO_MODELS = ("mlp", "mlp_matmul_add", "normalized_mlp", "cnn_batchnorm", "cnn_avgpool",
               "residual", "layout_ops", "sigmoid_mlp", "tanh_mlp", "leaky_residual",
               "clip_abs_mlp", "maxpool_cnn", "pad_avgpool_cnn", "slice_gather_mlp",
-              "upsample_mlp", "branch_concat_cnn", "gelu_mlp")
+              "upsample_mlp", "branch_concat_cnn", "gelu_mlp", "discrete_mix",
+              "norm_softmax_mlp", "ln_mlp_block", "vit_tiny")
 SHARED = {"acasxu_1_1": ("acasxu/ACASXU_run2a_1_1_batch_2000.onnx", "acasxu/prop_2.vnnlib"),
           "mnistfc_256x2": ("mnistfc/mnist-net_256x2.onnx", "mnistfc/prop_0_0.03.vnnlib")}
 

@@ -239,11 +239,10 @@ FLAGS: dict[str, Flag] = {f.dest if not f.positional else f.names[0]: f for f in
                "strict, counterexamples confirmed in float32 or float64), real (a rigorous "
                "enclosure of the network in exact arithmetic: float64 bounds with every "
                "rounding error accounted), float32 (also every float32 evaluation of the "
-               "network, any summation order or FMA); real and float32 cover the ops whose "
-               "kernels declare a rigorous step (linear, conv, pooling, layout, movement, "
-               "reduction, ReLU and the other activations, Sigmoid, Tanh and the other smooth "
-               "functions, products of computed tensors) and refuse other ops (Softmax, "
-               "LogSoftmax, LayerNorm, the discrete ops) in one line"),
+               "network, any summation order or FMA); real and float32 cover every op "
+               "shardbound compiles (each kernel declares a rigorous step, Softmax, "
+               "LayerNorm and the discrete ops included) but not tp mode, which they refuse "
+               "in one line"),
     _flag("-q", "--quiet", action="store_true", default=False,
           help="no stage lines, tables or summaries: only errors and the answer a script "
                "reads (verify's verdict line; run's --json file; compile's files)"),

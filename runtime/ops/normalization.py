@@ -152,10 +152,12 @@ class Normalize(Op):
         bottom = torch.nan_to_num(value(l, l < 0), nan=-root).clamp(-root, root)
         return bottom, top
 
-    def _v_range64(self, sq_lo, sq_hi, v_bounds):
+    def _v_range64(self, sq_lo, sq_hi, v_bounds, slack=0.0):
         """[vl, vu] (B, G, 1) float64: the range of mean(c^2) + eps over the box of c,
         intersected with v's own bounds (CROWN-tight; where they do not meet, rounding made
-        them disagree and the box's range alone is kept), widened by RANGE_EPS."""
+        them disagree and the box's range alone is kept), widened by RANGE_EPS and `slack`
+        (relative: how far v may be from mean(c^2) + eps, --soundness real / float32's
+        allowance for the rounded constants and the float32 evaluation of v)."""
         D = self.group_size
         vl = self.eps + _tree_sum(sq_lo) / D
         vu = self.eps + _tree_sum(sq_hi) / D
@@ -166,12 +168,14 @@ class Normalize(Op):
             nl, nu = torch.maximum(vl, gl), torch.minimum(vu, gu)
             meet = nl <= nu
             vl, vu = torch.where(meet, nl, vl), torch.where(meet, nu, vu)
-        return vl * (1 - RANGE_EPS), vu * (1 + RANGE_EPS)
+        return vl * (1 - RANGE_EPS - slack), vu * (1 + RANGE_EPS + slack)
 
-    def _ibp64(self, c_bounds, v_bounds):
+    def _ibp64(self, c_bounds, v_bounds, slack=0.0):
         l, u, sq_lo, sq_hi = self._ranges64(*c_bounds)
         bottom, top = self._box_ibp64(l, u, sq_lo, sq_hi)
-        vl, vu = self._v_range64(sq_lo, sq_hi, v_bounds)
+        if slack:           # v = (mean(c^2) + eps)(1 + t), |t| <= slack: y moves by |y| slack
+            bottom, top = bottom - slack * bottom.abs(), top + slack * top.abs()
+        vl, vu = self._v_range64(sq_lo, sq_hi, v_bounds, slack)
         rl, ru = (1 / torch.sqrt(vu)) * (1 - RANGE_EPS), (1 / torch.sqrt(vl)) * (1 + RANGE_EPS)
         ends = torch.nan_to_num(torch.stack([l * rl, l * ru, u * rl, u * ru]), nan=0.0)
         finite = torch.isfinite(l) & torch.isfinite(u)
@@ -199,7 +203,7 @@ class Normalize(Op):
         return masks
 
     # -- the relaxation ---------------------------------------------------------------------------
-    def _lines(self, c_bounds, v_bounds):
+    def _lines(self, c_bounds, v_bounds, slack=0.0):
         """The float32 lines per box: per element (B, 1, G, D) the lower plane y >= d c +
         k r + e and the upper one, per group (B, 1, G) the r-lines r >= sL v + aL and
         r <= sU v + aU."""
@@ -208,7 +212,7 @@ class Normalize(Op):
         zero = torch.zeros_like(l)
         l, u = torch.where(finite, l, zero), torch.where(finite, u, zero)
         sq_lo, sq_hi = torch.where(finite, sq_lo, zero), torch.where(finite, sq_hi, zero)
-        vl, vu = self._v_range64(sq_lo, sq_hi, v_bounds)
+        vl, vu = self._v_range64(sq_lo, sq_hi, v_bounds, slack)
         gl, gu = 1 / torch.sqrt(vl), 1 / torch.sqrt(vu)
         rl, ru = gu * (1 - RANGE_EPS), gl * (1 + RANGE_EPS)
         M = torch.maximum(l.abs(), u.abs())
@@ -236,7 +240,7 @@ class Normalize(Op):
         errP_U = dU * M + k.abs() * ru + eU.abs()
 
         # Groups with infinite bounds: constant lines from IBP.
-        bottom, top = self._ibp64(c_bounds, v_bounds)
+        bottom, top = self._ibp64(c_bounds, v_bounds, slack)
         keep = finite.expand_as(l)
 
         def elem(x):

@@ -8,8 +8,9 @@ vertex comes out a rounding above it), so a threshold equal to a value the netwo
 can be "proved". Here every bound is checked again, in float64 with an explicit error account
 (core.py has the numerics), node by node through each kernel's declared rigorous step: one
 module per op family with the family's name (linear, conv, arithmetic, layout, movement,
-activation, pooling, reduction, bilinear; intercepts for the functions with computed intercepts; relaxation.py the
-step every elementwise relaxation shares), and the engine (engine.py).
+activation, pooling, reduction, bilinear, discrete, softmax, normalization; intercepts for
+the functions with computed intercepts; relaxation.py the step every elementwise relaxation
+shares), and the engine (engine.py). Every registered kernel has one.
 
 - Products: each backward step's computed coefficients are taken as the chosen ones and
   their distance from the exact product (gamma_n |Lambda| |W|) times max |input| is charged;
@@ -30,8 +31,9 @@ no declared step is refused in one line (`check_covered`).
 """
 
 from shardbound.runtime.rigorous import (activation, arithmetic, bilinear,  # noqa: F401
-                                         conv, intercepts, layout, linear, movement,
-                                         pooling, reduction)
+                                         conv, discrete, intercepts, layout, linear,
+                                         movement, normalization, pooling, reduction,
+                                         softmax)
 from shardbound.runtime.rigorous.core import to_float32_outward
 from shardbound.runtime.rigorous.engine import (SOUNDNESS, RigorousBounds, check_covered,
                                                 covered_kinds, rigorous_box_bounds)

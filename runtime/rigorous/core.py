@@ -156,12 +156,15 @@ class Step:
       times max |input|, bias (B, S) is a lower bound of the constant term; so
       L . y >= sum L_in . x_in - charges + bias for every point of the input bounds.
       `alpha`: the engine's optimised relaxation parameters (B, S, ...), any feasible value.
+    - `float32`: True in float32 mode (for a step whose lines depend on it, as `back` is
+      not told).
     - `box`: "view" (the output is the input's elements, each at most once: a box stays a
       box) or "affine" (an affine map: IBP of a box is exact); None otherwise. Nodes that are
       a box or an affine map of one need no CROWN bounds.
     """
 
     box: str | None = None
+    float32 = False     # the mode, set by the engine (RigorousBounds) for steps that read it
 
     def __init__(self, op):
         self.op = op

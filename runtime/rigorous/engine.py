@@ -66,6 +66,8 @@ class RigorousBounds:
         check_covered(network, soundness)
         self.float32 = soundness == "float32"
         self.nodes = [step_class(op)(op) for op in network.nodes]
+        for n in self.nodes:
+            n.float32 = self.float32
         self.by_name = {n.name: n for n in self.nodes}
         self.input = self.nodes[0]
         self.output = self.by_name[network.output.name]
@@ -148,7 +150,8 @@ class RigorousBounds:
         mask = torch.zeros_like(bounds[n.name][0], dtype=torch.bool)
         for consumer in self.relaxed_consumers[n.name]:
             given = [bounds[n.name] if i == n.name else None for i in consumer.inputs]
-            for name, m in zip(consumer.inputs, consumer.op.inexact_inputs(given)):
+            rule = getattr(consumer, "inexact_inputs", consumer.op.inexact_inputs)
+            for name, m in zip(consumer.inputs, rule(given)):
                 if name == n.name and m is not None:
                     mask |= m
         return mask
