@@ -209,7 +209,7 @@ def start_nodes(network, known, B: int, max_alpha_elements: int = MAX_ALPHA_ELEM
         mine = index[a:b]
         n = math.prod(node.shape)
         layout = {}
-        if lower is not None and network.order == "fast" and len(node.shape) == 3 \
+        if lower is not None and len(node.shape) == 3 \
                 and network._patches_ok():
             A, layout = _patch_rows(network, node, mine, lower, upper, known, before)
         else:
@@ -301,7 +301,8 @@ def _patch_rows(network, node, mine, lower, upper, known, before):
     windows = {}
     for r in before:
         if (r.name in reached and isinstance(r, ElementwiseRelaxation)
-                and type(r).crown_backward is ElementwiseRelaxation.crown_backward):
+                and type(r).crown_backward is ElementwiseRelaxation.crown_backward
+                and (network.order == "fast" or getattr(r, "alpha_slope_only", False))):
             init = r.alpha_init([known.get(i) for i in r.inputs])
             if tuple(init.shape[1:]) == tuple(reached[r.name].node_shape):
                 windows[r.name] = reached[r.name]
