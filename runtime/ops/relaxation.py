@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
+from shardbound.runtime.numerics.shapes import broadcast_shape
 from shardbound.runtime.ops.base import Op
 from shardbound.runtime.ops.patches import Patches, SparseAlpha, WindowAlpha
 from shardbound.runtime.ops.patches import dense as _dense
@@ -353,7 +354,7 @@ def _lines_step(A, pos, pos_slope, neg_slope):
     memory model counts as such; alpha-CROWN and beta-CROWN keep the composed ops (their
     figures, runtime/accounting/alpha_model.py, were measured on them)."""
     if not (isinstance(pos_slope, torch.Tensor) and isinstance(neg_slope, torch.Tensor)) \
-            or tuple(torch.broadcast_shapes(A.shape, pos_slope.shape, neg_slope.shape)) != \
+            or tuple(broadcast_shape(A.shape, pos_slope.shape, neg_slope.shape)) != \
             tuple(A.shape):
         return A * neg_slope + pos * (pos_slope - neg_slope)
     return _LinesStep.apply(A, pos_slope, neg_slope)
