@@ -190,7 +190,10 @@ class ElementwiseRelaxation(Op):
         lA, uA = (_dense(lA),) * 2 if uA is lA else (_dense(lA), _dense(uA))
         B, S = lA.shape[:2]
         n = math.prod(lA.shape[2:])
-        base = self.relax(lo.unsqueeze(1), hi.unsqueeze(1), None)
+        # CROWN's lines depend on the bounds alone: every later pass of a full alpha-CROWN
+        # iteration meets the same ones (a memo of the last bounds)
+        base = self.memo("_crown_lines").get((lo, hi), lambda: self.relax(
+            lo.unsqueeze(1), hi.unsqueeze(1), None))
         idx = alpha.index
         at = {k: t.reshape(t.shape[0], 1, n).index_select(-1, idx) for k, t in
               (("lo", lo), ("hi", hi))}
