@@ -26,14 +26,19 @@ Deterministic: a fixed iteration count, passes in a fixed order, no randomness. 
 final pass. A start node whose alpha tensors would exceed `max_alpha_elements` (counted over
 all rows, so every rank decides alike) keeps CROWN's bounds.
 
-Rows in patches form (single mode, `fast`; runtime/ops/patches.py): the rows of a start node
+Rows in patches form (single mode; runtime/ops/patches.py): the rows of a start node
 over a (C, H, W) node start as 1x1 windows and keep their windows through the elementwise
 relaxations before it, whose alphas are laid out at the windows (B, rows, C, ph, pw) instead
 of over the whole grid (`WindowAlpha`; one pass without alphas finds the windows); a
 parameter outside a row's window changes nothing, so the optimisation is the dense one's up to
 the rounding of `fast`'s window sums. Bench cnn: the conv start node's 572 rows carry 0.17M
 alphas instead of 4.7M, and its pass no longer goes dense at the first ReLU. Under the ordered
-summations the rows stay dense, so the bits are fsdp's (which has no patches) for any P.
+summations (`blocked`, `exact`) only ops with `alpha_slope_only` get window alphas, and every
+sum over a node (bias terms, the concretisation) is the dense rows' (`_side_patches`,
+`Network._box_terms`); each value in a window is the dense rows' value there, its gradient
+too (the ordered transposed conv's and `to_dense`'s gradients in closed form:
+`conv._OrderedTransposedConv`, `patches._DenseRows`), so the bits are those of dense rows,
+which fsdp (no patches) computes for any P (tests/test_full_alpha.py checks them bitwise).
 
 Elsewhere a ReLU's alphas (`alpha_slope_only`) are kept for the neurons inexact in some box
 only, (B, rows, k) (`SparseAlpha`), in every mode and order: per element the arithmetic of the

@@ -430,8 +430,8 @@ class _DenseRows(torch.autograd.Function):
 
 class WindowAlpha:
     """Relaxation parameters of rows in patches form laid out as the rows' values are,
-    (B, S, C, ph, pw) at each row's window (full alpha-CROWN's per-start-node alphas under
-    `fast`: runtime/engine/full_alpha.py). A dense layout (B, S, C, H, W) would force the
+    (B, S, C, ph, pw) at each row's window (full alpha-CROWN's per-start-node alphas in
+    single mode: runtime/engine/full_alpha.py). A dense layout (B, S, C, H, W) would force the
     rows dense at the op, and a parameter outside a row's window changes nothing (the row
     is zero there). The engine wraps the tensor so that the op knows its layout."""
 
