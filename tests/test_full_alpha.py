@@ -136,6 +136,31 @@ def test_fast_cnn_alphas_at_windows_match_dense_rows(tmp_path):
                  lo, hi, lb.reshape(-1), ub.reshape(-1), C=C, n=2000, label=name)
 
 
+def test_blocked_conv_start_nodes_in_patches_keep_the_dense_bits(networks):
+    """Under `blocked` (single mode) a conv start node's rows go through the ReLUs before it
+    in patches form too, their alphas at the windows, with the ordered sums over the dense
+    rows and the closed-form gradients of the ordered transposed conv and of `to_dense`:
+    bitwise the bounds (final and tightened) of dense rows, which is what fsdp (no patches)
+    computes."""
+    from shardbound.runtime.engine.full_alpha import full_alpha_crown, start_nodes
+    from shardbound.runtime.ops.patches import Patches
+
+    net, shape = networks["cnn_batchnorm"]
+    lo, hi = _box(shape, 3, 0.4)
+    with torch.no_grad():
+        _, known = net.intermediate_bounds(lo, hi)
+    assert any(isinstance(f, Patches) for s in start_nodes(net, known, 1, lower=lo, upper=hi)
+               for f in s.layout.values()), "no start node kept its rows in patches form"
+    got = full_alpha_crown(net, lo, hi, iterations=3)
+    net.patches = False
+    try:
+        dense = full_alpha_crown(net, lo, hi, iterations=3)
+    finally:
+        net.patches = True
+    assert torch.equal(got[0], dense[0]) and torch.equal(got[1], dense[1])
+    assert all(torch.equal(got[2][k][i], dense[2][k][i]) for k in dense[2] for i in (0, 1))
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_relu_alphas_of_inexact_neurons_alone_keep_the_bits(networks, name, monkeypatch):
     """A ReLU's alphas kept for its inexact input neurons only (`SparseAlpha`) give bitwise
@@ -163,3 +188,35 @@ def test_relu_alphas_of_inexact_neurons_alone_keep_the_bits(networks, name, monk
     assert torch.equal(lb, dlb) and torch.equal(ub, dub)
     assert all(torch.equal(known[k][0], dknown[k][0]) and torch.equal(known[k][1], dknown[k][1])
                for k in known)
+
+
+@pytest.mark.parametrize("order", ["blocked", "exact"])
+def test_ordered_transposed_conv_gradient_is_autograds(order):
+    """`Conv2d._im2col_gradient` (the closed-form gradient of the differentiated ordered
+    transposed conv) is bitwise autograd's through the composed kernel (channel-major
+    columns), on a grouped, strided, dilated conv with uneven pads, in row chunks too."""
+    from shardbound.runtime.ops import conv as conv_mod
+
+    rng = torch.Generator().manual_seed(0)
+    w = torch.randn(4, 3, 3, 2, generator=rng)          # Cout 4, 2 groups of 3 inputs
+    op = conv_mod.Conv2d("c", ["x"], [(6, 9, 8)], shape=(4, 4, 4), params={"weight": w},
+                         order=order, strides=(2, 2), pads=(1, 0, 1, 1), dilations=(1, 2),
+                         groups=2)
+    A = torch.randn(5, 4, 4, 4, generator=rng)
+    g = torch.randn(5, 6, 9, 8, generator=rng)
+    grads = []
+    for closed in (True, False):
+        a = A.clone().requires_grad_(True)
+        out = (op._ordered_transpose(a, w, (9, 8), (1, 0)) if closed
+               else op._backward_im2col(a, w, (9, 8), (1, 0)))
+        (out * g).sum().backward()
+        grads.append((out.detach(), a.grad))
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+    chunk = conv_mod.IM2COL_CHUNK
+    conv_mod.IM2COL_CHUNK = 1               # one row per chunk: the same bits
+    try:
+        a = A.clone().requires_grad_(True)
+        (op._ordered_transpose(a, w, (9, 8), (1, 0)) * g).sum().backward()
+    finally:
+        conv_mod.IM2COL_CHUNK = chunk
+    assert torch.equal(a.grad, grads[1][1])

@@ -32,14 +32,19 @@ mode's under `blocked` for any P. A start node whose alpha tensors would exceed
 `max_alpha_elements` (counted over all rows and ranks, so every rank decides alike) keeps
 CROWN's bounds.
 
-Rows in patches form (single mode, `fast`; runtime/ops/patches.py): the rows of a start node
+Rows in patches form (single mode; runtime/ops/patches.py): the rows of a start node
 over a (C, H, W) node start as 1x1 windows and keep their windows through the elementwise
 relaxations before it, whose alphas are laid out at the windows (B, rows, C, ph, pw) instead
 of over the whole grid (`WindowAlpha`; one pass without alphas finds the windows); a
 parameter outside a row's window changes nothing, so the optimisation is the dense one's up to
 the rounding of `fast`'s window sums. Bench cnn: the conv start node's 572 rows carry 0.17M
 alphas instead of 4.7M, and its pass no longer goes dense at the first ReLU. Under the ordered
-summations the rows stay dense, so the bits are fsdp's (which has no patches) for any P.
+summations (`blocked`, `exact`) only ops with `alpha_slope_only` get window alphas, and every
+sum over a node (bias terms, the concretisation) is the dense rows' (`_side_patches`,
+`Network._box_terms`); each value in a window is the dense rows' value there, its gradient
+too (the ordered transposed conv's and `to_dense`'s gradients in closed form:
+`conv._OrderedTransposedConv`, `patches._DenseRows`), so the bits are those of dense rows,
+which fsdp (no patches) computes for any P (tests/test_full_alpha.py checks them bitwise).
 
 Elsewhere a ReLU's alphas (`alpha_slope_only`) are kept for the neurons inexact in some box
 only, (B, rows, k) (`SparseAlpha`), in every mode and order: per element the arithmetic of the
@@ -219,7 +224,7 @@ def start_nodes(network, known, B: int, max_alpha_elements: int = MAX_ALPHA_ELEM
         mine = index[a:b]
         n = math.prod(node.shape)
         layout = {}
-        if lower is not None and network.order == "fast" and len(node.shape) == 3 \
+        if lower is not None and len(node.shape) == 3 \
                 and network._patches_ok():
             A, layout = _patch_rows(network, node, mine, lower, upper, known, before)
         else:
@@ -350,7 +355,8 @@ def _patch_rows(network, node, mine, lower, upper, known, before):
     windows = {}
     for r in before:
         if (r.name in reached and isinstance(r, ElementwiseRelaxation)
-                and type(r).crown_backward is ElementwiseRelaxation.crown_backward):
+                and type(r).crown_backward is ElementwiseRelaxation.crown_backward
+                and (network.order == "fast" or getattr(r, "alpha_slope_only", False))):
             init = r.alpha_init([known.get(i) for i in r.inputs])
             if tuple(init.shape[1:]) == tuple(reached[r.name].node_shape):
                 windows[r.name] = reached[r.name]

@@ -26,7 +26,6 @@ CPU, ``available`` is False and the caller uses the portable kernel (``blocked_g
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -112,9 +111,9 @@ def _tiles(M: int, N: int, K: int, T: int) -> list[tuple[int, int, int, int]]:
     return [(0, M, 0, N)]
 
 
-def _tile(x2, wp, N, out, r0, r1, c0, c1) -> bool:
+def _tile(x2, wp, N, out, r0, r1, c0, c1) -> None:
     """out[r0:r1, c0:c1] = fixed tree over K-blocks of single-block GEMMs, zeros as
-    +0.0; returns whether all of it is finite (both done while a chunk is in cache).
+    +0.0.
 
     With several blocks the rows go ``_ROW_CHUNK`` at a time (never fewer than
     MIN_ROWS), so a chunk's block partials and tree sums stay in cache and the
@@ -131,7 +130,6 @@ def _tile(x2, wp, N, out, r0, r1, c0, c1) -> bool:
     fits = wt.shape[0] == n and rows == m and target.is_contiguous()
     step = rows if nb == 1 else _ROW_CHUNK
     scratch: dict[int, list[torch.Tensor]] = {}
-    finite = True
     a = 0
     while a < rows:
         b = rows if rows - (a + step) < MIN_ROWS else a + step
@@ -149,19 +147,19 @@ def _tile(x2, wp, N, out, r0, r1, c0, c1) -> bool:
 
         res = _eval(0, nb, leaf, lambda t: scratch.setdefault(t.shape[0], []).append(t))
         res.add_(0.0)                                   # -0.0 -> +0.0
-        finite = finite and math.isfinite(res.sum().item())
         if res is not tgt:
             e = min(b, m)
             target[a:e].copy_(res[:e - a, :n])
         a = b
-    return finite
 
 
-def tree_product(x2: torch.Tensor, wp: torch.Tensor, N: int) -> tuple[torch.Tensor, bool]:
+def tree_product(x2: torch.Tensor, wp: torch.Tensor, N: int) -> torch.Tensor:
     """(M, N) float32: the fixed pair tree over the 256-blocks of K of the block GEMMs
-    ``x2_b @ wp_b.T`` with zeros as +0.0, and whether it is all finite.  ``x2`` (M, K)
-    contiguous; ``wp`` (>= max(N, MIN_COLS), K) contiguous, zero rows past N.  Bits
-    depend only on the operand rows, not on the thread count, M, N or the tiles."""
+    ``x2_b @ wp_b.T`` with zeros as +0.0.  ``x2`` (M, K) contiguous; ``wp``
+    (>= max(N, MIN_COLS), K) contiguous, zero rows past N (for N <= MIN_ROWS and
+    M >= MIN_COLS, MIN_ROWS rows are enough: `vector_rows`).  Bits depend only on the
+    operand rows, not on the thread count, M, N or the tiles.  (Non-finite operands give
+    non-finite rows as they are: summation.py's callers never asked which.)"""
     M, K = x2.shape
     x2, wp = x2.detach(), wp.detach()   # worker threads run with grad mode on; out= needs off
     T = torch.get_num_threads()
@@ -177,34 +175,42 @@ def tree_product(x2: torch.Tensor, wp: torch.Tensor, N: int) -> tuple[torch.Tens
             _MKL_LOCAL(prev)
         if y.shape[0] != M or y.shape[1] != N:
             y = y[:M, :N].clone()           # compact storage: the memory ledger counts it
-        return y.add_(0.0), math.isfinite(y.sum().item())
+        return y.add_(0.0)
     out = torch.empty((M, N), dtype=torch.float32, device=x2.device)
-    return out, _run_tiles(_tile, (x2, wp, N, out), tiles, T)
+    _run_tiles(_tile, (x2, wp, N, out), tiles, T)
+    return out
 
 
-def _run_tiles(tile_fn, args, tiles, T) -> bool:
+def _run_tiles(tile_fn, args, tiles, T) -> None:
     """tile_fn(*args, *tile) for every tile: the first in this thread (MKL on one thread),
-    the others on the pool (sized by T, so every caller reuses it); whether all were
-    finite."""
+    the others on the pool (sized by T, so every caller reuses it)."""
     futures = []
     if len(tiles) > 1:
         pool = _get_pool(T - 1)
         futures = [pool.submit(tile_fn, *args, *t) for t in tiles[1:]]
     prev = _MKL_LOCAL(1)
     try:
-        finite = tile_fn(*args, *tiles[0])
+        tile_fn(*args, *tiles[0])
     finally:
         _MKL_LOCAL(prev)
     for f in futures:
-        finite = f.result() and finite
-    return finite
+        f.result()
 
 
 # ----------------------------------------------------------------------------- few columns
 _SWAP_CHUNK = 1 << 20     # elements of block partials (blocks x 8 x rows) made at a time
 
 
-def _few_columns(x2: torch.Tensor, w8: torch.Tensor, N: int, T: int) -> tuple[torch.Tensor, bool]:
+def vector_rows(vectors: torch.Tensor) -> torch.Tensor:
+    """``vectors`` (n <= MIN_ROWS, K) as the (MIN_ROWS, K) operand `tree_product` reads for
+    few columns (zero rows past n): the rows of the (MIN_COLS, K) padded copy it would
+    read, without the other 24."""
+    out = torch.zeros((MIN_ROWS, vectors.shape[1]), dtype=vectors.dtype, device=vectors.device)
+    out[:vectors.shape[0]] = vectors
+    return out
+
+
+def _few_columns(x2: torch.Tensor, w8: torch.Tensor, N: int, T: int) -> torch.Tensor:
     """``tree_product`` for N <= MIN_ROWS columns (the bias and box terms: one vector, or a
     few, against many rows), computed as the transposed product ``w8 @ x2.T``: the
     vectors are the MIN_ROWS rows and x2's rows the (>= MIN_COLS) columns, so the GEMMs
@@ -214,21 +220,30 @@ def _few_columns(x2: torch.Tensor, w8: torch.Tensor, N: int, T: int) -> tuple[to
     untransposed form on random shapes. All full 256-blocks of a row chunk go through
     one batched GEMM (one call, not one per block) and the pair tree is added level by
     level over the stacked partials (the same adjacent pairs as ``blocktree._eval``)."""
-    M = x2.shape[0]
-    out = torch.empty((M, N), dtype=torch.float32, device=x2.device)
+    M, K = x2.shape
     tiles = [(0, M)]
-    if T > 1 and M * N * x2.shape[1] >= _PAR_MIN_WORK and M >= T * MIN_COLS:
+    if T > 1 and M * N * K >= _PAR_MIN_WORK and M >= T * MIN_COLS:
         tiles = [(M * i // T, M * (i + 1) // T) for i in range(T)]
-    return out, _run_tiles(_few_columns_tile, (x2, w8, N, out), tiles, T)
+    if len(tiles) == 1 and K <= BLOCK and M <= _SWAP_CHUNK // MIN_ROWS:
+        # one block, one chunk: `_few_columns_tile`'s one GEMM without its bookkeeping
+        # (the small MLPs' bias and box terms: ~10 us a call, about the GEMM's own time)
+        prev = _MKL_LOCAL(1)
+        try:
+            y = torch.mm(w8, x2.T)
+        finally:
+            _MKL_LOCAL(prev)
+        return y[:N].T.contiguous().add_(0.0)
+    out = torch.empty((M, N), dtype=torch.float32, device=x2.device)
+    _run_tiles(_few_columns_tile, (x2, w8, N, out), tiles, T)
+    return out
 
 
-def _few_columns_tile(x2, w8, N, out, r0, r1) -> bool:
+def _few_columns_tile(x2, w8, N, out, r0, r1) -> None:
     """out[r0:r1] of ``_few_columns`` in row chunks (>= MIN_COLS rows each, so every GEMM
-    keeps its pinned shape); returns whether all of it is finite."""
+    keeps its pinned shape)."""
     K = x2.shape[1]
     nb, full = _num_blocks(K), K // BLOCK
     step = max(MIN_COLS, _SWAP_CHUNK // (nb * MIN_ROWS))
-    finite = True
     a = r0
     while a < r1:
         b = r1 if r1 - (a + step) < MIN_COLS else a + step
@@ -243,10 +258,8 @@ def _few_columns_tile(x2, w8, N, out, r0, r1) -> bool:
             torch.mm(w8[:, full * BLOCK:], xs[:, full * BLOCK:].T, out=parts[full])
         res = _tree_levels(parts)[:N]
         res.add_(0.0)                                   # -0.0 -> +0.0
-        finite = finite and math.isfinite(res.sum().item())
         out[a:b] = res.T
         a = b
-    return finite
 
 
 def _tree_levels(parts: torch.Tensor) -> torch.Tensor:

@@ -133,12 +133,11 @@ def _tree_product(x2: torch.Tensor, pw: PreparedWeight) -> torch.Tensor:
     if not blocked_gemm.available(x2):
         return nonfinite.matmul(lambda a, w: blocked_grid.tree_product(a, w, N).add_(0.0),
                                 x2, pw.w_t[:N].contiguous())
-    out, finite = blocked_gemm.tree_product(x2, pw.padded(), N)
     # An inf or nan operand element makes its whole output row (column) non-finite
     # (inf*0 is nan; an FMA chain or tree never makes a non-finite value finite again),
     # with IEEE's inf/nan, whatever the order: returned as is, like float32 overflow
     # from finite operands (see nonfinite.py).
-    return out
+    return blocked_gemm.tree_product(x2, pw.padded(), N)
 
 
 def block_partials(x: torch.Tensor, w_t, k_start: int = 0, k_stop: int | None = None):
@@ -200,6 +199,11 @@ def _blocked_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """
     K = b.shape[-1]
     if b.numel() == K and a.shape[-1] == K and K:         # one vector for all rows: one GEMM
+        rows = a.shape[:-1].numel()
+        if rows >= MIN_COLS and a.dtype == torch.float32 and blocked_gemm.available(a):
+            x2 = _rows(a).contiguous()      # its 8-row operand, not a 32-row padded copy
+            return blocked_gemm.tree_product(x2, blocked_gemm.vector_rows(b.reshape(1, K)),
+                                             1).reshape(a.shape[:-1])
         return blocked_matmul(a, b.reshape(1, K))[..., 0]
     shape = broadcast_shape(a.shape, b.shape)
     lead, K = shape[:-1], shape[-1]

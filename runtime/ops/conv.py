@@ -157,7 +157,7 @@ class Conv2d(Op):
                 A_in = A_in[:, :, pt:pt + H, pl:pl + W]
             A_in = A_in.contiguous().reshape(B, S, C_in, H, W)
         else:           # scattered straight into the unpadded input (padding dropped)
-            A_in = self._backward_im2col(flat, w, (H, W), (pt, pl)).contiguous().reshape(
+            A_in = self._ordered_transpose(flat, w, (H, W), (pt, pl)).contiguous().reshape(
                 B, S, C_in, H, W)
         b = self.param("bias")
         bias = None
@@ -177,6 +177,58 @@ class Conv2d(Op):
         """The bias term: per-channel sums of A against the bias, over output channels."""
         return contract.dot_last(per_channel, b, self.order)
 
+
+    def _ordered_transpose(self, A_flat, w, out_hw, offset=(0, 0)):
+        """`_backward_im2col`, under autograd through `_OrderedTransposedConv` (its gradient
+        in closed form) where this kernel's own product runs (tp's column conv, whose
+        products are reduced across ranks, keeps autograd's)."""
+        if (torch.is_grad_enabled() and A_flat.requires_grad
+                and type(self)._cout_product is Conv2d._cout_product):
+            return _OrderedTransposedConv.apply(A_flat, w, self, tuple(out_hw), tuple(offset))
+        return self._backward_im2col(A_flat, w, out_hw, offset)
+
+    def _im2col_gradient(self, grad, w, A_shape, out_hw, offset):
+        """The gradient of `_backward_im2col` w.r.t. its A (N, Cout, Ho, Wo) from `grad`
+        (N, C_in, *out_hw): each kernel tap's columns gathered from the grid (the adjoint of
+        the scatter-add: copies, no sums), channel-major as autograd of the differentiated
+        layout had them, then contracted over C_in*kh*kw with the weight in the program's
+        order: the kernel call autograd's `_OrderedMatmul` backward made, on the same
+        values (autograd's tap-by-tap slice gradients only added zeros), so the same bits,
+        without autograd's full-size zero tensor and add per tap."""
+        N, Cout, Ho, Wo = A_shape
+        kh, kw = w.shape[2:]
+        G, C_in = self.groups, w.shape[1] * self.groups
+        cin_g, out_per_group = w.shape[1], Cout // G
+        L = Ho * Wo
+        grad = grad.contiguous()
+        out = grad.new_empty((N, L, Cout))
+        step = max(1, IM2COL_CHUNK // max(1, L * C_in * kh * kw))
+        weights = self._group_weights_cm(w)
+        for n0 in range(0, N, step):
+            g = grad[n0:n0 + step]
+            cols = g.new_zeros((g.shape[0], Ho, Wo, C_in, kh, kw))
+            for i, j, src, dst in self._taps(kh, kw, Ho, Wo, out_hw, offset):
+                cols[(slice(None), *src, slice(None), i, j)] = \
+                    g[(slice(None), slice(None), *dst)].permute(0, 2, 3, 1)
+            cols = cols.reshape(g.shape[0], L, C_in * kh * kw)
+            for gi, wg in enumerate(weights):
+                part = cols[..., gi * cin_g * kh * kw:(gi + 1) * cin_g * kh * kw].contiguous()
+                out[n0:n0 + step, :, gi * out_per_group:(gi + 1) * out_per_group] = \
+                    contract.matmul(part, wg, self.order)
+        return out.transpose(1, 2).reshape(N, Cout, Ho, Wo)
+
+    def _group_weights_cm(self, w):
+        """Per group, its weights (out_per_group, cin_g*kh*kw) channel-major, contiguous: the
+        operand of `_im2col_gradient`'s product (the transpose of `_group_weights_t`'s
+        channel-major one), made once per program for a resident weight."""
+        def rows():
+            G = self.groups
+            out_per_group = w.shape[0] // G
+            return [w[g * out_per_group:(g + 1) * out_per_group].reshape(
+                        out_per_group, -1).contiguous() for g in range(G)]
+        if not isinstance(self.params.get("weight"), torch.Tensor):
+            return rows()
+        return self.memo("_weights_rows_memo").get((w,), rows)
 
     def _backward_im2col(self, A_flat, w, out_hw, offset=(0, 0)):
         """The transpose of _conv_im2col: A (N, Cout, Ho, Wo) -> (N, C_in, *out_hw), the
@@ -294,7 +346,7 @@ class Conv2d(Op):
             out = F.conv_transpose2d(flat, w, None, self.strides, 0, 0, self.groups,
                                      self.dilations)
         else:
-            out = self._backward_im2col(flat.contiguous(), w, size).contiguous()
+            out = self._ordered_transpose(flat.contiguous(), w, size).contiguous()
         origin = A.origin * torch.tensor([sh, sw], device=A.origin.device) \
             - torch.tensor(self.pads[:2], device=A.origin.device)
         # What the scatter put outside the grid stays (dirty): an elementwise step or the box
@@ -354,6 +406,25 @@ class Conv2d(Op):
         A[rows, chans, ys, xs] = w.index_select(0, o)
         A = A[:, :, pt:pt + H, pl:pl + W].contiguous()
         return [A.reshape(1, k, C_in, H, W)], bias
+
+
+class _OrderedTransposedConv(torch.autograd.Function):
+    """`Conv2d._backward_im2col` of a differentiated A (full alpha-CROWN's conv passes under
+    the ordered summations): the forward is the undifferentiated kernel (taps-major
+    columns, the same bits: a product's column changes none of them), the gradient
+    `Conv2d._im2col_gradient` (the weight needs none)."""
+
+    @staticmethod
+    def forward(ctx, A_flat, w, conv, out_hw, offset):
+        ctx.save_for_backward(w)
+        ctx.conv, ctx.A_shape, ctx.out_hw, ctx.offset = conv, A_flat.shape, out_hw, offset
+        return conv._backward_im2col(A_flat, w, out_hw, offset)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (w,) = ctx.saved_tensors
+        return (ctx.conv._im2col_gradient(grad, w, ctx.A_shape, ctx.out_hw, ctx.offset),
+                None, None, None, None)
 
 
 def _tap_range(shift: int, stride: int, n: int, size: int):

@@ -228,7 +228,26 @@ class Patches:
         return (parts[0] if len(parts) == 1 else torch.cat(parts)), sizes
 
     def to_dense(self) -> torch.Tensor:
-        """The rows as a dense (B, S, C, H, W) tensor (zeros outside the windows)."""
+        """The rows as a dense (B, S, C, H, W) tensor (zeros outside the windows); under
+        autograd through `_DenseRows` (the gradient is the dense gradient at the windows)."""
+        if _differentiable(self.values):
+            return _DenseRows.apply(self.values, self)
+        return self._to_dense()
+
+    def window_gradient(self, grad: torch.Tensor) -> torch.Tensor:
+        """The gradient of `to_dense` w.r.t. the values: `grad` (B, S, C, H, W) at each row's
+        window, zeros outside the grid (copies only: every window entry is one grid entry
+        of its own row)."""
+        ph, pw = self.window
+        _, _, top, bottom, left, right = self._margins()
+        if top or bottom or left or right:
+            grad = F.pad(grad, (left, right, top, bottom))
+        views = grad.unfold(3, ph, 1).unfold(4, pw, 1)         # (B, S, C, H', W', ph, pw)
+        rows = torch.arange(self.origin.shape[0], device=self.origin.device)
+        picked = views[:, rows, :, self.origin[:, 0] + top, self.origin[:, 1] + left]
+        return picked.transpose(0, 1).contiguous()             # (B, S, C, ph, pw)
+
+    def _to_dense(self) -> torch.Tensor:
         B, S, C, ph, pw = self.values.shape
         H, W = self.node_shape[1:]
         if B * C <= FEW_CHANNELS:
@@ -392,10 +411,27 @@ class Patches:
         return NotImplemented
 
 
+class _DenseRows(torch.autograd.Function):
+    """`Patches.to_dense` of differentiated values: the forward is the undifferentiated
+    scatter, the gradient `Patches.window_gradient` (autograd of the window-by-window write
+    into an unfolded view went through the view's full (B, S, C, H', W', ph, pw) size: 49x
+    the dense rows for 7x7 windows)."""
+
+    @staticmethod
+    def forward(ctx, values, patches):
+        ctx.patches = frame(patches.origin, patches.window, patches.node_shape, values.dtype,
+                            values.device)          # the geometry, not the values
+        return patches.with_values(values)._to_dense()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.patches.window_gradient(grad), None
+
+
 class WindowAlpha:
     """Relaxation parameters of rows in patches form laid out as the rows' values are,
-    (B, S, C, ph, pw) at each row's window (full alpha-CROWN's per-start-node alphas under
-    `fast`: runtime/engine/full_alpha.py). A dense layout (B, S, C, H, W) would force the
+    (B, S, C, ph, pw) at each row's window (full alpha-CROWN's per-start-node alphas in
+    single mode: runtime/engine/full_alpha.py). A dense layout (B, S, C, H, W) would force the
     rows dense at the op, and a parameter outside a row's window changes nothing (the row
     is zero there). The engine wraps the tensor so that the op knows its layout."""
 

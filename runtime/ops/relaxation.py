@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
+from shardbound.runtime.numerics.shapes import broadcast_shape
 from shardbound.runtime.ops.base import Op
 from shardbound.runtime.ops.patches import Patches, SparseAlpha, WindowAlpha
 from shardbound.runtime.ops.patches import dense as _dense
@@ -189,7 +190,10 @@ class ElementwiseRelaxation(Op):
         lA, uA = (_dense(lA),) * 2 if uA is lA else (_dense(lA), _dense(uA))
         B, S = lA.shape[:2]
         n = math.prod(lA.shape[2:])
-        base = self.relax(lo.unsqueeze(1), hi.unsqueeze(1), None)
+        # CROWN's lines depend on the bounds alone: every later pass of a full alpha-CROWN
+        # iteration meets the same ones (a memo of the last bounds)
+        base = self.memo("_crown_lines").get((lo, hi), lambda: self.relax(
+            lo.unsqueeze(1), hi.unsqueeze(1), None))
         idx = alpha.index
         at = {k: t.reshape(t.shape[0], 1, n).index_select(-1, idx) for k, t in
               (("lo", lo), ("hi", hi))}
@@ -211,17 +215,22 @@ class ElementwiseRelaxation(Op):
         made there (per row: alpha is), zero outside the grid as `_crown_patches`' gathered
         lines are (the rows' entries there are left by a conv step, `Patches.dirty`). Each
         line holds on its element's interval, so the step is as sound as the dense one; the
-        values inside the windows are the dense rows' products. Only under `fast` (the bias
-        terms sum over the windows; full alpha-CROWN keeps dense alphas under the ordered
-        summations)."""
+        values inside the windows are the dense rows' products. Under `fast` the bias terms
+        sum over the windows; under the ordered summations over the dense rows, against the
+        intercepts over the whole node, which for an op whose alpha moves only the lower
+        line's slope (`alpha_slope_only`, the only ops full alpha-CROWN lays out at windows
+        there) are the alpha-free lines' (`_side_patches`: the dense bits)."""
         lo, hi = bounds
         lo_w, hi_w = lA.gather_many([lo.unsqueeze(1), hi.unsqueeze(1)])
         inside = lA.inside()[None, :, None]
         zero = torch.zeros((), dtype=lo_w.dtype, device=lo_w.device)
+        whole = {} if self.order == "fast" else _line_tensors(
+            self.relax(lo.unsqueeze(1), hi.unsqueeze(1), None))
 
         def at_windows(lines: Lines) -> dict:
             got = {k: torch.where(inside, t, zero) for k, t in _line_tensors(lines).items()}
-            return {k: None if k not in got else (got[k], got[k]) for k in _LINE_NAMES}
+            return {k: None if k not in got else (whole.get(k, got[k]) if k.endswith("icpt")
+                                                  else got[k], got[k]) for k in _LINE_NAMES}
 
         g = at_windows(self.relax(lo_w, hi_w, alpha))
         lA_in, l_bias = self._side_patches(lA, g["lower_slope"], g["lower_icpt"],
@@ -348,7 +357,7 @@ def _lines_step(A, pos, pos_slope, neg_slope):
     memory model counts as such; alpha-CROWN and beta-CROWN keep the composed ops (their
     figures, runtime/accounting/alpha_model.py, were measured on them)."""
     if not (isinstance(pos_slope, torch.Tensor) and isinstance(neg_slope, torch.Tensor)) \
-            or tuple(torch.broadcast_shapes(A.shape, pos_slope.shape, neg_slope.shape)) != \
+            or tuple(broadcast_shape(A.shape, pos_slope.shape, neg_slope.shape)) != \
             tuple(A.shape):
         return A * neg_slope + pos * (pos_slope - neg_slope)
     return _LinesStep.apply(A, pos_slope, neg_slope)
