@@ -54,21 +54,11 @@ def run_bab(verifier, comm, job) -> dict:
     from shardbound.runtime.verification.relu_split import relu_split
 
     net = verifier.network
-    C = torch.tensor(job["C"], dtype=torch.float32)
-    d = np.array(job["d"])
+    from rank_driver import bab_problem
+
+    C, d, lo, hi, agree, is_violation = bab_problem(job, net, comm)
     owner = np.zeros(len(d), dtype=int)
-    lo = torch.tensor(job["lower"], dtype=torch.float32)
-    hi = torch.tensor(job["upper"], dtype=torch.float32)
     shape = (1, *net.input_shape)
-
-    def agree(flag):
-        return bool(comm.all_reduce_max(torch.tensor([float(flag)]))[0] > 0)
-
-    def is_violation(xs):
-        with torch.no_grad():
-            m = (net.forward(xs.reshape(-1, *net.input_shape)).reshape(len(xs), -1) @ C.T)
-        hit = torch.nonzero((m.double() <= torch.from_numpy(d)).all(dim=1)).reshape(-1)
-        return int(hit[0]) if len(hit) else None
 
     with torch.no_grad():
         _, prior = net.intermediate_bounds(lo.reshape(shape), hi.reshape(shape))

@@ -116,6 +116,29 @@ def _verify_all(verifier, entry, comm) -> list[dict]:
     return out
 
 
+def bab_problem(job, net, comm):
+    """A ReLU-BaB job's conjunction (C, d), box (lo, hi) and relu_split's two callbacks:
+    `agree` (a flag OR-ed over ranks) and `is_violation` (the first point meeting every row,
+    else None). Shared with bench/bab_fsdp.py, whose rank jobs bound the same problems."""
+    import numpy as np
+
+    C = torch.tensor(job["C"], dtype=torch.float32)
+    d = np.array(job["d"])
+    lo = torch.tensor(job["lower"], dtype=torch.float32)
+    hi = torch.tensor(job["upper"], dtype=torch.float32)
+
+    def agree(flag):
+        return bool(comm.all_reduce_max(torch.tensor([float(flag)]))[0] > 0)
+
+    def is_violation(xs):
+        with torch.no_grad():
+            m = net.forward(xs.reshape(-1, *net.input_shape)).reshape(len(xs), -1) @ C.T
+        hit = torch.nonzero((m.double() <= torch.from_numpy(d)).all(dim=1)).reshape(-1)
+        return int(hit[0]) if len(hit) else None
+
+    return C, d, lo, hi, agree, is_violation
+
+
 def _relu_bab(verifier, entry, comm) -> dict:
     """relu_split on entry["bab"]'s conjunction, the box's CROWN intermediate bounds as the
     root prior, a fixed batch; the rounds' per-domain bounds hashed with the verdict."""
@@ -127,21 +150,8 @@ def _relu_bab(verifier, entry, comm) -> dict:
     from shardbound.runtime.verification.relu_split import relu_split
 
     job, net = entry["bab"], verifier.network
-    C = torch.tensor(job["C"], dtype=torch.float32)
-    d = np.array(job["d"])
-    lo = torch.tensor(job["lower"], dtype=torch.float32)
-    hi = torch.tensor(job["upper"], dtype=torch.float32)
+    C, d, lo, hi, agree, is_violation = bab_problem(job, net, comm)
     shape = (1, *net.input_shape)
-
-    def agree(flag):
-        return bool(comm.all_reduce_max(torch.tensor([float(flag)]))[0] > 0)
-
-    def is_violation(xs):
-        with torch.no_grad():
-            m = net.forward(xs.reshape(-1, *net.input_shape)).reshape(len(xs), -1) @ C.T
-        hit = torch.nonzero((m.double() <= torch.from_numpy(d)).all(dim=1)).reshape(-1)
-        return int(hit[0]) if len(hit) else None
-
     with torch.no_grad():
         _, prior = net.intermediate_bounds(lo.reshape(shape), hi.reshape(shape))
     trace = []

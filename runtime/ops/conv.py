@@ -283,9 +283,9 @@ class Conv2d(Op):
         on, in col2im's order ((i, j) row-major): what both tap scatters add."""
         (sh, sw), (dh, dw) = self.strides, self.dilations
         for i in range(kh):
-            ys = _tap_range(i * dh - offset[0], sh, Ho, out_hw[0])
+            ys = tap_range(i * dh - offset[0], sh, Ho, out_hw[0])
             for j in range(kw):
-                xs = _tap_range(j * dw - offset[1], sw, Wo, out_hw[1])
+                xs = tap_range(j * dw - offset[1], sw, Wo, out_hw[1])
                 if ys is None or xs is None:
                     continue
                 (y0, ny, t0), (x0, nx, u0) = ys, xs
@@ -427,7 +427,7 @@ class _OrderedTransposedConv(torch.autograd.Function):
                 None, None, None, None)
 
 
-def _tap_range(shift: int, stride: int, n: int, size: int):
+def tap_range(shift: int, stride: int, n: int, size: int):
     """Output positions y in [0, n) whose tap lands at t = y * stride + shift in [0, size):
     (first y, count, first t), or None when none does."""
     first = max(0, -(shift // stride) if shift < 0 else 0)

@@ -10,7 +10,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from shardbound.runtime.ops.conv import Conv2d, ConvTranspose2d
+from shardbound.runtime.ops.conv import Conv2d, ConvTranspose2d, tap_range
 from shardbound.runtime.rigorous.core import (TINY, WeightedStep, down, gamma, rigorous_step,
                                               rowdot, up)
 from shardbound.runtime.rigorous.window import Win
@@ -104,27 +104,15 @@ class ConvGeometry:
         out = A.new_zeros((N, ny, nx, G, cin_g))                          # channels-last
         (sh, sw), (dh, dw) = self.strides, self.dilations
         for i in range(kh):
-            ys = _tap_range(i * dh - cy, sh, h, ny)
+            ys = tap_range(i * dh - cy, sh, h, ny)
             for j in range(kw):
-                xs = _tap_range(j * dw - cx, sw, wd, nx)
+                xs = tap_range(j * dw - cx, sw, wd, nx)
                 if ys is None or xs is None:
                     continue
                 (a, n_y, t0), (b, n_x, u0) = ys, xs
                 out[:, t0:t0 + sh * (n_y - 1) + 1:sh, u0:u0 + sw * (n_x - 1) + 1:sw] += \
                     cols[:, a:a + n_y, b:b + n_x, :, :, i, j]
         return Win(out.reshape(N, ny, nx, G * cin_g).permute(0, 3, 1, 2).contiguous(), fy, fx)
-
-
-def _tap_range(shift: int, stride: int, n: int, size: int):
-    """Positions y in [0, n) whose tap lands at t = y * stride + shift in [0, size): (first
-    y, count, first t), or None when none does."""
-    first = 0 if shift >= 0 else -(shift // stride)
-    if first * stride + shift < 0:
-        first += 1
-    last = min(n - 1, (size - 1 - shift) // stride) if size - 1 - shift >= 0 else -1
-    if last < first:
-        return None
-    return first, last - first + 1, first * stride + shift
 
 
 class _ConvStep(WeightedStep):
