@@ -70,6 +70,20 @@ def assert_within(values, lb, ub, label=""):
                                    f"{values.max(0).values.tolist()} vs ub {ub.tolist()}")
 
 
+def node_values(net, name):
+    """x (N, n_in) -> the concrete values (N, neurons) of node `name` of a loaded network: the
+    forward function that assert_sound samples when checking an intermediate node's bounds."""
+    def forward(x):
+        vals = {}
+        for n in net.nodes:
+            vals[n.name] = (n.forward(*(vals[i] for i in n.inputs)) if n.inputs
+                            else x.reshape(-1, *net.input_shape))
+            if n.name == name:
+                return vals[name].reshape(x.shape[0], -1)
+        raise KeyError(name)
+    return forward
+
+
 def assert_sound(forward, lower, upper, lb, ub, C=None, n=10000, seed=0, label=""):
     """forward: (N, n_in) -> (N, n_out) flattened; lb/ub: (S,) bounds of C f(x)."""
     values = witness_values(forward, lower, upper, C, n, seed)

@@ -11,7 +11,7 @@ import torch
 
 import zoo
 from conftest import random_box
-from soundness import assert_sound
+from soundness import assert_sound, node_values
 
 
 def _network(tmp_path, model, name):
@@ -23,19 +23,6 @@ def _network(tmp_path, model, name):
     onnx.save(model, path)
     compile_model(str(path), str(tmp_path / name), PassOptions(summation="fast"))
     return load(str(tmp_path / name)).network
-
-
-def _node_values(net, name):
-    """x (N, n_in) -> the node's concrete values (N, neurons)."""
-    def forward(x):
-        vals = {}
-        for n in net.nodes:
-            vals[n.name] = (n.forward(*(vals[i] for i in n.inputs)) if n.inputs
-                            else x.reshape(-1, *net.input_shape))
-            if n.name == name:
-                return vals[name].reshape(x.shape[0], -1)
-        raise KeyError(name)
-    return forward
 
 
 MODELS = {
@@ -63,7 +50,7 @@ def test_optimised_intermediate_bounds_are_sound_and_no_looser(tmp_path, name):
             if torch.equal(l, known[node][0]) and torch.equal(h, known[node][1]):
                 continue
             tightened += 1
-            assert_sound(_node_values(net, node), lo, hi, l.reshape(-1), h.reshape(-1),
+            assert_sound(node_values(net, node), lo, hi, l.reshape(-1), h.reshape(-1),
                          n=4000, seed=seed, label=f"{name}/{node}/box {seed}")
     assert tightened > 0, name
 

@@ -12,7 +12,7 @@ import torch
 
 import zoo
 from conftest import random_box
-from soundness import assert_sound
+from soundness import assert_sound, node_values
 
 
 @pytest.fixture(scope="module")
@@ -25,18 +25,6 @@ def mlp(tmp_path_factory):
     onnx.save(zoo.mlp(np.random.default_rng(2), sizes=(6, 24, 24, 24, 3))[0], tmp / "m.onnx")
     compile_model(str(tmp / "m.onnx"), str(tmp / "prog"), PassOptions(summation="fast"))
     return load(str(tmp / "prog")).network
-
-
-def _node_values(net, name):
-    def forward(x):
-        vals = {}
-        for n in net.nodes:
-            vals[n.name] = (n.forward(*(vals[i] for i in n.inputs)) if n.inputs
-                            else x.reshape(-1, *net.input_shape))
-            if n.name == name:
-                return vals[name].reshape(x.shape[0], -1)
-        raise KeyError(name)
-    return forward
 
 
 def _unstable(known):
@@ -64,7 +52,7 @@ def test_split_refinement_is_sound_tighter_and_repeats(mlp):
         if torch.equal(l, l0) and torch.equal(h, h0):
             continue
         tightened += 1
-        assert_sound(_node_values(mlp, node), lo, hi, l.reshape(-1), h.reshape(-1), n=2000,
+        assert_sound(node_values(mlp, node), lo, hi, l.reshape(-1), h.reshape(-1), n=2000,
                      label=f"split refinement {node}")
     assert tightened > 0
     assert _unstable(better) < _unstable(alpha_known) <= _unstable(known)
@@ -106,7 +94,7 @@ def test_beta_warm_start_from_any_betas_is_sound(mlp):
         lb, _ = beta_crown(mlp, ibp, clamped, lo, hi, C, splits, lb0, iterations=3,
                            beta_start=(bad, torch.ones(1, dtype=torch.bool)))
     x = lo + torch.rand(4000, 6, generator=g) * (hi - lo)
-    z = _node_values(mlp, first)(x)
+    z = node_values(mlp, first)(x)
     with torch.no_grad():
         y = mlp.forward(x.reshape(-1, *mlp.input_shape)).reshape(len(x), -1) @ C.T
     inside = z[:, j] >= 0
