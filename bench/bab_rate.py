@@ -84,7 +84,10 @@ def _file_instance(onnx_path, vnnlib, tmp):
     return net, C, d, owner, lo, hi, prior, os.path.basename(vnnlib)
 
 
-def _violation(net, C, d, owner):
+def violation_check(net, C, d, owner):
+    """relu_split's `is_violation` for a bench: the first point xs (N, n) meeting every row of
+    some conjunction (float32 forward, float64 comparison), else None. bench/split_refine.py
+    uses it too."""
     def check(xs):
         with torch.no_grad():
             m = (net.forward(xs.reshape(-1, *net.input_shape)).reshape(len(xs), -1) @ C.T).double()
@@ -116,7 +119,7 @@ def main(argv=None):
     else:
         inst = _default_instance(tmp)
     net, C, d, owner, lo, hi, prior, name = inst
-    isv = _violation(net, C, d, owner)
+    isv = violation_check(net, C, d, owner)
     runs = [(f"before ({rev[:8]})", _old_module(rev).relu_split, {}),
             ("after", after.relu_split, {}),
             ("after, BaBSR only", after.relu_split, {"fsb": 1}),

@@ -23,8 +23,9 @@ import os
 import tempfile
 import time
 
-import numpy as np
 import torch
+
+from bab_rate import violation_check
 
 
 def _instance(onnx_path, vnnlib, tmp):
@@ -39,19 +40,6 @@ def _instance(onnx_path, vnnlib, tmp):
     C, d, owner = case.stacked()
     lo, hi = outward_box(case.lower, case.upper)
     return net, C, d, owner, lo, hi
-
-
-def _violation(net, C, d, owner):
-    def check(xs):
-        with torch.no_grad():
-            m = (net.forward(xs.reshape(-1, *net.input_shape)).reshape(len(xs), -1) @ C.T).double()
-        ok = m <= torch.from_numpy(d)
-        for j in range(int(owner.max()) + 1):
-            hit = torch.nonzero(ok[:, torch.from_numpy(np.nonzero(owner == j)[0])].all(dim=1))
-            if len(hit):
-                return int(hit[0])
-        return None
-    return check
 
 
 def _unstable(prior):
@@ -98,7 +86,7 @@ def main(argv=None):
                       flush=True)
         progress.done = lambda: None
         bab = lambda root, **more: relu_split(                          # noqa: E731
-            net, C, d, owner, lo, hi, float("inf"), lambda f: f, _violation(net, C, d, owner),
+            net, C, d, owner, lo, hi, float("inf"), lambda f: f, violation_check(net, C, d, owner),
             root_prior=root, progress=progress, **kw, **more)
         root, state = prior, None
         if label == "resume":
