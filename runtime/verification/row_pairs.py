@@ -58,7 +58,7 @@ def crown_pairs(network, ibp, known, lo, hi, C, input_A=None, split_A=None) -> t
     grab = {} if input_A is not None else None
     got_A = {} if split_A is not None else None
     with network.rows.local():
-        lb, _ = network.final_crown({out: (part(ibp[out][0]), part(ibp[out][1]))},
+        lb, _ = network.final_crown(sub_part({out: ibp[out]}, part),
                                     sub_part(known, part), part(lo), part(hi), Cp,
                                     input_A=grab, lower_only=True, split_A=got_A)
     names = sorted(got_A or {})
@@ -83,8 +83,6 @@ def optimise_pairs(network, ibp, known, lo, hi, C, splits, lb, pairs, iterations
     where[idx] = torch.arange(len(idx))
     dev = lo.device
     d_dev, r_dev = dom.to(dev), row.to(dev)
-    pick = lambda t: t.index_select(0, d_dev)                                 # noqa: E731
-    sub = lambda m: {k: (pick(v[0]), pick(v[1])) for k, v in m.items()}      # noqa: E731
     Cp = C.to(dev)[r_dev].unsqueeze(1)                                       # (P, 1, out)
     alpha_start = beta_start = None
     if warm is not None and bool(warm[1][dom].any()):
@@ -97,15 +95,17 @@ def optimise_pairs(network, ibp, known, lo, hi, C, splits, lb, pairs, iterations
     n_pairs = len(dom)
     a, b = network.rows.my_range(n_pairs)       # all of them without row sharding
     share = torch.arange(a, b, device=dev)
-    part = lambda t: t.index_select(0, share)                                # noqa: E731
+    part = lambda t: t.index_select(0, share)       # a tensor in pair layout  # noqa: E731
+    mine = d_dev.index_select(0, share)             # the domain of each of this rank's pairs
+    pick = lambda t: t.index_select(0, mine)        # a tensor in domain layout  # noqa: E731
     if alpha_start is not None:
         alpha_start = ({k: part(v) for k, v in alpha_start[0].items()}, alpha_start[1][a:b])
         beta_start = ({k: part(v) for k, v in beta_start[0].items()}, beta_start[1][a:b])
     alphas, betas = {}, {}
     with torch.no_grad(), network.rows.local():
-        better, lA = beta_crown(network, sub_part(sub(ibp), part), sub_part(sub(known), part),
-                                part(pick(lo)), part(pick(hi)), part(Cp),
-                                {k: part(pick(v)) for k, v in splits.items()},
+        better, lA = beta_crown(network, sub_part(ibp, pick), sub_part(known, pick),
+                                pick(lo), pick(hi), part(Cp),
+                                {k: pick(v) for k, v in splits.items()},
                                 part(floor), iterations, stop=stop,
                                 alpha_start=alpha_start, alpha_out=alphas, beta_out=betas,
                                 beta_start=beta_start)
