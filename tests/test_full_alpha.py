@@ -15,8 +15,7 @@ import torch
 
 import zoo
 from conftest import random_box
-from test_intermediate_alpha import _node_values
-from soundness import assert_sound
+from soundness import assert_sound, node_values
 
 MODELS = {
     "deep_mlp": lambda: zoo.mlp(np.random.default_rng(2), sizes=(5, 24, 24, 24, 3)),
@@ -66,7 +65,7 @@ def test_full_alpha_crown_is_sound_and_never_looser_than_crown(networks, name):
         assert bool((l >= known[node][0]).all() and (h <= known[node][1]).all()), node
         if not (torch.equal(l, known[node][0]) and torch.equal(h, known[node][1])):
             changed += 1
-            assert_sound(_node_values(net, node), lo, hi, l.reshape(-1), h.reshape(-1),
+            assert_sound(node_values(net, node), lo, hi, l.reshape(-1), h.reshape(-1),
                          n=2000, label=f"{name}/{node}")
     assert changed > 0, name
 
