@@ -166,7 +166,7 @@ def test_few_column_products_keep_the_bits_of_the_padded_form():
             assert same(got[i], S.blocked_matmul(x[i], w))       # 1 row: the padded form
 
 
-@pytest.mark.parametrize("K", [256, 700, 4096])
+@pytest.mark.parametrize("K", [200, 256, 700, 4096])
 def test_dot_over_a_vectors_support_equals_the_dense_dot(K):
     """`support_dot`: a vector zero off its support (a ReLU's intercepts) dotted from the
     rows' entries there alone has the dense blocked dot's bits (the FMA chains skip zeros)."""
