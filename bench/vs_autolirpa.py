@@ -37,6 +37,11 @@ core taken by another process), which is where the wall-clock ratio and the CPU 
 The tiny ViT of issue 15 beside auto_LiRPA is bench/vit_autolirpa.py (auto_LiRPA bounds
 the torch module there, with its own GELU op: this script's ONNX interpreter has no attention).
 
+`--baseline PATH` (a source tree of another shardbound commit, e.g. `git archive main | tar -x
+-C PATH`) adds the tools `base-fast` and `base-blocked`: that tree's compiler and runtime in
+workers of their own, in the same rounds, so a change is measured before/after side by side;
+the notes give each tool's bits (sha256 of its float32 lower and upper bounds) to compare.
+
 auto_LiRPA is not a dependency: give a checkout with `--lirpa PATH` (see
 ../shared/oracle/README.md: it needs a venv of its own, `--lirpa-python`, and the torch-2.13
 shim `lirpa_compat.py`, `--lirpa-compat`, found in ../shared/oracle by default). Without it the
@@ -46,6 +51,7 @@ auto_LiRPA columns are skipped and ratios are given relative to shardbound `fast
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import resource
@@ -159,13 +165,41 @@ def _reset_peak() -> int:
     return _rss_bytes("VmRSS")
 
 
+def _use_tree(tree: str) -> None:
+    """Import `shardbound` from the source tree `tree` (its pyproject's package-dir mapping),
+    ahead of the installed one: the `base-*` tools (`--baseline`)."""
+    import importlib.machinery
+    import importlib.util
+    import re
+
+    with open(os.path.join(tree, "pyproject.toml"), encoding="utf-8") as f:
+        mapping = dict(re.findall(r'"(shardbound[\w.]*)" = "([^"]+)"',
+                                  re.search(r"package-dir = \{([^}]*)\}", f.read()).group(1)))
+
+    class Finder:
+        @classmethod
+        def find_spec(cls, fullname, path=None, target=None):
+            if fullname in mapping:
+                where = os.path.join(tree, mapping[fullname])
+                return importlib.util.spec_from_file_location(
+                    fullname, os.path.join(where, "__init__.py"),
+                    submodule_search_locations=[where])
+            parent = fullname.rpartition(".")[0]
+            if parent in mapping:
+                return importlib.machinery.PathFinder.find_spec(
+                    fullname, [os.path.join(tree, mapping[parent])])
+            return None
+
+    sys.meta_path.insert(0, Finder)
+
+
 class _ShardboundTool:
-    def __init__(self, mdir: str, order: str, box):
+    def __init__(self, mdir: str, order: str, box, prefix: str = "shardbound"):
         from shardbound.compiler.driver import compile_model
         from shardbound.passes.manager import PassOptions
         from shardbound.runtime import load
 
-        out = os.path.join(mdir, f"shardbound_{order}")
+        out = os.path.join(mdir, f"{prefix}_{order}")
         if not os.path.isdir(out):
             compile_model(os.path.join(mdir, "model.onnx"), out, PassOptions(summation=order))
         self.verifier = load(out)
@@ -292,7 +326,11 @@ def worker(args) -> int:
     if args.worker == "lirpa":
         tool = _LirpaTool(args.model_dir, box)
     else:
-        tool = _ShardboundTool(args.model_dir, args.worker.split("-", 1)[1], box)
+        prefix, order = args.worker.split("-", 1)
+        if prefix == "base":
+            _use_tree(args.baseline)
+        tool = _ShardboundTool(args.model_dir, order, box,
+                               "shardbound" if prefix == "sb" else "baseline")
     base = None
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
@@ -308,7 +346,9 @@ def worker(args) -> int:
         lb, ub = tool.bound(request["method"])
         seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
         r1 = resource.getrusage(resource.RUSAGE_SELF)
-        print(json.dumps({"seconds": seconds, "cpu_seconds": cpu,
+        bits = hashlib.sha256(torch.cat([lb.float(), ub.float()]).numpy().tobytes()
+                              if ub is not None else lb.float().numpy().tobytes()).hexdigest()
+        print(json.dumps({"seconds": seconds, "cpu_seconds": cpu, "bits": bits[:16],
                           "sys_seconds": r1.ru_stime - r0.ru_stime,
                           "faults": r1.ru_minflt - r0.ru_minflt,
                           "switches": (r1.ru_nvcsw - r0.ru_nvcsw, r1.ru_nivcsw - r0.ru_nivcsw),
@@ -331,6 +371,8 @@ class _Worker:
             # for the memory workers: it costs page faults that timed runs should not pay.
             env["MALLOC_MMAP_THRESHOLD_"] = "131072"
         cmd = [python, os.path.abspath(__file__), "--worker", tool, "--model-dir", mdir]
+        if tool.startswith("base-"):
+            cmd += ["--baseline", args.baseline]
         if tool == "lirpa":
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.lirpa,
                                                               env.get("PYTHONPATH")]))
@@ -422,7 +464,8 @@ def bench_model(name: str, mdir: str, tools: list[str], methods: list[str], args
                          f" ms, page faults {statistics.median(g['faults'] for g in got[t]):.0f}, "
                          f"context switches voluntary / involuntary "
                          f"{statistics.median(g['switches'][0] for g in got[t]):.0f} / "
-                         f"{statistics.median(g['switches'][1] for g in got[t]):.0f}")
+                         f"{statistics.median(g['switches'][1] for g in got[t]):.0f}, "
+                         f"bits {last[t]['bits']}")
             if last[t]["rows"] and method == "crown":
                 notes.append(f"{name} {t}: CROWN rows per node "
                              + ", ".join(f"{k} {v}" for k, v in last[t]["rows"].items()))
@@ -441,6 +484,9 @@ def main(argv=None) -> int:
     ap.add_argument("--methods", default=",".join(METHODS), help="comma list of crown, alpha-crown, full-alpha-crown")
     ap.add_argument("--tools", default="sb-fast,sb-blocked",
                     help="shardbound tools (sb-fast, sb-blocked); lirpa is added with --lirpa")
+    ap.add_argument("--baseline", metavar="PATH",
+                    help="a source tree of another shardbound commit: adds base-fast and "
+                         "base-blocked (before/after in the same rounds)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", help="keep models and compiled programs here (default: temporary)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -457,6 +503,9 @@ def main(argv=None) -> int:
         if m not in METHODS:
             ap.error(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
     tools = [t for t in args.tools.split(",") if t]
+    if args.baseline:
+        args.baseline = os.path.abspath(args.baseline)
+        tools += [t.replace("sb-", "base-", 1) for t in tools if t.startswith("sb-")]
     if args.lirpa:
         default_compat = os.path.join(REPO, "..", "shared", "oracle", "lirpa_compat.py")
         if args.lirpa_compat is None and os.path.isfile(default_compat):
