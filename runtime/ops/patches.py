@@ -361,6 +361,12 @@ class Patches:
         flat = self.values.reshape(B * S * C, n)
         zero = torch.zeros((), dtype=flat.dtype)
 
+        if L == 1 and not self.dirty:
+            # one chain (a one-block plane, one-chain model): the entries outside the grid
+            # are zeros in clean rows, and a zero changes no chain, so the rows are the chain
+            return support_dot.chain_sums(lambda a, b: flat[a:b].unsqueeze(0), vec,
+                                          B * S * C).reshape(B, S, C)
+
         def chains(a, b):        # rows (b, s, c) flattened; a chunk's entries by chain
             owner = chain.index_select(0, torch.div(torch.arange(a, b, device=chain.device), C,
                                                     rounding_mode="floor") % S)
