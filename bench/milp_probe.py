@@ -192,7 +192,8 @@ def main(argv=None):
             from shardbound.runtime.verification import milp
             n = int(owner.max()) + 1
             refuted, found = milp.refute(net, prior, lo, hi, C.double().numpy(), d, owner, n,
-                                         np.ones(n, dtype=bool), time.monotonic() + args.cap * n)
+                                         np.ones(n, dtype=bool), time.monotonic() + args.cap * n,
+                                         stop_at_open=False)
             print(f"  refute: {int(refuted.sum())} of {n} conjunctions refuted {refuted.astype(int)}, "
                   f"{len(found)} points found")
         elif run == "bab":

@@ -72,7 +72,8 @@ def run_verify(args) -> int:
                                    nproc=nproc, threads=args.threads, device=args.device,
                                    collective_timeout=max(1.0, deadline.remaining() + 1.0),
                                    memory_budget=args.memory_budget,
-                                   soundness=args.soundness, quiet=args.quiet,
+                                   soundness=args.soundness, milp=args.milp,
+                                   quiet=args.quiet,
                                    no_watchdog=True))
     finally:
         if watchdog is not None:

@@ -30,6 +30,7 @@ METHODS = ("ibp", "crown", "alpha-crown", "full-alpha-crown")
 INTERMEDIATE = ("crown", "ibp")
 DEVICES = ("cpu", "cuda", "auto")
 SOUNDNESS = ("default", "real", "float32")
+MILP = ("auto", "off")
 
 STREAM_CHUNK_KIB = 4096          # fsdp: the most of one weight matrix a rank gathers at once
 MAX_ELEMENTS = 1 << 26           # the largest tensor a model may declare or compute (256 MiB f32)
@@ -243,6 +244,12 @@ FLAGS: dict[str, Flag] = {f.dest if not f.positional else f.names[0]: f for f in
                "shardbound compiles (each kernel declares a rigorous step, Softmax, "
                "LayerNorm and the discrete ops included) but not tp mode, which they refuse "
                "in one line"),
+    _flag("--milp", choices=MILP, default="auto",
+          help="verify: the MILP stage (HiGHS, needs highspy) after the first ReLU branch-and-"
+               "bound try. auto (default): where every node declares an exact MIP encoding "
+               "(a chain of Linear/ReLU/view ops), at most 512 unstable ReLUs, in default "
+               "soundness, one process; it stops at the first conjunction it cannot refute "
+               "and hands the time left to branch and bound. off: never"),
     _flag("-q", "--quiet", action="store_true", default=False,
           help="no stage lines, tables or summaries: only errors and the answer a script "
                "reads (verify's verdict line; run's --json file; compile's files)"),
@@ -253,7 +260,7 @@ _PLAN = ("mode", "method", "intermediate", "tp_intermediate", "summation", "stre
          "max_elements", "nproc", "memory_budget")
 _RUN = ("box", "verify", "result", "verify_timeout", "verify_deadline", "started_at", "json",
         "method", "nproc", "threads", "device", "collective_timeout", "memory_budget",
-        "soundness", "quiet")
+        "soundness", "milp", "quiet")
 COMMANDS: dict[str, tuple[str, ...]] = {
     "compile": ("model", "out", *_PLAN, "quiet"),
     "inspect": ("model", *_PLAN, "raw"),
@@ -261,7 +268,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "program": _RUN,
     "verify": ("model", "property", "mode", "nproc", "summation", "tp_intermediate",
                "stream_chunk_kib", "max_elements", "memory_budget", "timeout", "result",
-               "json", "threads", "device", "soundness", "out", "quiet"),
+               "json", "threads", "device", "soundness", "milp", "out", "quiet"),
 }
 REQUIRED_ONE_OF = {"run": ("box", "verify"), "program": ("box", "verify")}
 
@@ -355,6 +362,7 @@ class RunOptions:
     collective_timeout: float = FLAGS["collective_timeout"].default
     memory_budget: int | None = None
     soundness: str = FLAGS["soundness"].default
+    milp: str = FLAGS["milp"].default
     quiet: bool = False
     no_watchdog: bool = False        # verify answers late itself: the rank's watchdog is off
 

@@ -106,3 +106,41 @@ def test_milp_skips_what_it_cannot_encode(setting, tmp_path, monkeypatch):
     monkeypatch.undo()
     other = _compile(tmp_path, zoo.mlp_matmul_add(np.random.default_rng(0))[0], "ma")
     assert milp._chain(other) is None              # an Add node: not an encodable chain
+
+
+def test_milp_stops_at_the_first_conjunction_it_cannot_refute(setting):
+    """Two conjunctions on the same row: the easier (first by `order`) is attained, so the
+    property stays open and the refutable one is not tried (its time goes back to branch
+    and bound); without `stop_at_open` both are decided."""
+    import time
+
+    from shardbound.runtime.verification import milp
+    net, lo, hi, C, lb, prior, exact = setting
+    attained, refutable = _sampled_min(setting) + 1e-3, (lb + exact) / 2
+    C2 = np.concatenate([C.double().numpy()] * 2)
+    d2 = np.array([attained, refutable])
+    args = (net, prior, lo, hi, C2, d2, np.array([0, 1]), 2, np.array([True, True]))
+    refuted, found = milp.refute(*args, time.monotonic() + 20, order=np.array([1.0, 0.0]))
+    assert not refuted.any() and len(found) == 1
+    refuted, found = milp.refute(*args, time.monotonic() + 20, order=np.array([1.0, 0.0]),
+                                 stop_at_open=False)
+    assert refuted.tolist() == [False, True] and len(found) == 1
+
+
+def test_milp_flag_reaches_the_ranks():
+    """`--milp auto|off` is a verify flag (no environment variable): parsed, defaulted to
+    auto, passed to the ranks only when off, and refused in one line when misspelt."""
+    from shardbound.options import RunOptions, parser_for
+    from shardbound.runtime.program.main import _rank_argv
+
+    p = parser_for("verify", "shardbound verify")
+    assert p.parse_args(["m.onnx", "p.vnnlib"]).milp == "auto"
+    assert p.parse_args(["m.onnx", "p.vnnlib", "--milp", "off"]).milp == "off"
+    with pytest.raises(SystemExit):
+        p.parse_args(["m.onnx", "p.vnnlib", "--milp", "on"])
+    box = dict(box="b.json")
+    assert "--milp" not in _rank_argv(RunOptions(**box))[0]
+    argv = _rank_argv(RunOptions(milp="off", **box))[0]
+    assert argv[argv.index("--milp") + 1] == "off"
+    ranks = parser_for("program", "program.py")
+    assert RunOptions.from_namespace(ranks.parse_args(argv)).milp == "off"

@@ -109,6 +109,8 @@ def _rank_argv(args) -> tuple[list[str], float | None]:
         argv += ["--memory-budget", str(args.memory_budget or "none")]   # 0: none
     if args.soundness != "default":
         argv += ["--soundness", args.soundness]
+    if args.milp != "auto":
+        argv += ["--milp", args.milp]
     if args.quiet:
         argv.append("--quiet")
     return argv, deadline

@@ -175,7 +175,7 @@ def run_verify_rank(directory: str, args) -> int:
             verifier = load(directory, comm=comm, memory_budget=args.memory_budget)
             result = verify(verifier, spec, deadline.remaining(), comm,
                             deadline=deadline.monotonic, stages=stages,
-                            soundness=args.soundness)
+                            soundness=args.soundness, milp=args.milp)
             comm.barrier()
         if comm.rank != 0:
             return 0

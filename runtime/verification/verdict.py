@@ -15,7 +15,6 @@ budget ends the run with `timeout`, on every rank at the same point.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -40,11 +39,9 @@ from shardbound.runtime.program.grad_mode import outside_inference_mode
 FIRST_TRY_SHARE = 0.1    # of the time left: ReLU branch and bound before split refinement
 REFINE_SHARE = 0.25      # of the time left, at most, for split refinement of the root prior
 MILP_SHARE = 0.6         # of the time left after the first try, at most, for the MILP stage
-# The MILP stage is opt-in (SHARDBOUND_MILP=1): on mnistfc prop_1_0.03, the one instance it
-# was built for, it needs ~127 CPU s of HiGHS beside ~20 s of verify's other stages, so it
-# does not fit the 120 s timeout on this project's machines, and by default it would take
-# that time from branch and bound, which proves prop_3_0.03 (README, the MILP paragraph).
-MILP_ENV = "SHARDBOUND_MILP"
+# `--milp auto` (the default) runs the MILP stage where milp.encodable says it applies; it
+# stops at the first conjunction it cannot refute, so an instance branch and bound proves
+# and the MILP does not (mnistfc prop_3_0.03) loses one conjunction's share of that time.
 SPLIT_MAX_INPUTS = 16     # input splitting beyond this many inputs rarely finishes
 # default mode confirms counterexamples in float64 too for networks up to this many weights
 DEFAULT_FLOAT64_ELEMENTS = 1 << 22
@@ -71,9 +68,10 @@ class Result:
 
 class _CaseRunner:
     def __init__(self, verifier, case: SpecCase, budget: Budget, comm, progress, start,
-                 soundness: str = "default", rigorous=None):
+                 soundness: str = "default", rigorous=None, milp: str = "auto"):
         self.net = verifier.network
         self.soundness = soundness
+        self.milp = milp             # --milp: auto (where milp.encodable) or off
         self.rig = rigorous          # RigorousBounds: float64 forward, and certificates
         self._whole_box = None       # the rigorous verdict on the whole box, once
         self._box_bounds = None      # the rigorous bounds of every node over it, once
@@ -287,20 +285,26 @@ class _CaseRunner:
         with torch.no_grad():
             return refine_by_splits(self.net, lo, hi, known, stop=stop)
 
-    def milp_refute(self, lo, hi, prior, lb):
+    def milp_refute(self, lo, hi, prior, lb, tree=None):
         """The MILP stage (runtime/verification/milp.py) on the conjunctions the root bounds
-        `lb` leave open, in at most MILP_SHARE of the time left: ("unsat", None) when it
+        `lb` leave open and the first try's tree `tree` (a BabState) does not prove on every
+        open domain, in at most MILP_SHARE of the time left: ("unsat", None) when it
         refutes them all, ("sat", cex) for a confirmed point it found, else None. Default
         mode only (a float solver's "infeasible" is no rigorous enclosure), one process
-        (no tp zones, no row sharding), networks `milp.encodable` accepts; opt-in
-        (SHARDBOUND_MILP=1, see MILP_ENV)."""
+        (no tp zones, no row sharding), networks `milp.encodable` accepts; never under
+        `--milp off`."""
         net = self.net
-        if (os.environ.get(MILP_ENV) != "1" or self.soundness != "default"
+        if (self.milp == "off" or self.soundness != "default"
                 or getattr(net, "tp", None) is not None
                 or net.rows.enabled or not milp.encodable(net, prior)):
             return None
         self.start("milp")
         done = refuted_conjunctions(lb, self.d, self.owner, self.n_conj).reshape(-1).numpy()
+        if tree is not None and tree.unresolved == 0 and len(tree.plb):
+            # closed leaves proved every conjunction, each open one carries its parent's
+            # per-row bounds: a conjunction they all refute is refuted on the whole box
+            done = done | refuted_conjunctions(tree.plb, self.d, self.owner,
+                                               self.n_conj).all(dim=0).numpy()
         until = time.monotonic() + MILP_SHARE * self.budget.remaining()
         gap = (lb.double()[0] - torch.from_numpy(self.d)).numpy()
         closest = np.array([gap[self.owner == j].max() for j in range(self.n_conj)])
@@ -397,7 +401,7 @@ class _CaseRunner:
                 if res.verdict != "timeout" or budget.expired():
                     return self._bab_answer(res)
                 budget.check()
-                if (answer := self.milp_refute(lo, hi, prior, lb)) is not None:
+                if (answer := self.milp_refute(lo, hi, prior, lb, res.state)) is not None:
                     return answer
                 budget.check()
                 prior = self.refine_prior(lo, hi, prior)
@@ -451,11 +455,12 @@ def rigorous_for(network, soundness: str):
 @outside_inference_mode
 def verify(verifier, spec: Spec, timeout_s: float, comm, quiet: bool = True,
            deadline: float | None = None, stages: StageLog | None = None,
-           soundness: str = "default") -> Result:
+           soundness: str = "default", milp: str = "auto") -> Result:
     """The verdict on `spec` for the compiled network behind `verifier`, within `timeout_s`
     seconds (or by `deadline`, a time.monotonic() value, when given: the caller's budget).
     Every rank of a job gets the same verdict at the same point. `stages` prints the stage
-    lines (on a terminal) and keeps the records; by default a silent one."""
+    lines (on a terminal) and keeps the records; by default a silent one. `milp`: --milp
+    (auto or off)."""
     start = time.monotonic()
     if deadline is None:
         deadline = start + timeout_s
@@ -479,7 +484,7 @@ def verify(verifier, spec: Spec, timeout_s: float, comm, quiet: bool = True,
     try:
         for i, case in enumerate(spec.cases):
             runner = _CaseRunner(verifier, case, budget, comm, stages,
-                                 lambda s, i=i: stages.start(s, i), soundness, rigorous)
+                                 lambda s, i=i: stages.start(s, i), soundness, rigorous, milp)
             try:
                 verdict, cex = runner.run()
             except BudgetExhausted:
