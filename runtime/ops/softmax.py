@@ -22,8 +22,15 @@ reciprocal composed:
 
 Each output then takes, per side, the plane or the constant IBP line, whichever is better on
 average over the box (the value at the centre; both are sound). Planes are computed in float64
-(exp shifted by the largest upper bound), rounded to float32 slopes with the intercept moved
-by what rounding changes over the box plus a relative margin, and rounded outward. Input
+(exp shifted by the largest upper bound) in centred form, each as its value v at the box centre
+x0 and its slopes a, with the magnitudes of the terms each was computed from (`Plane`): a
+float64 result's rounding error scales with those magnitudes, not with the result, which may
+cancel (softmax's gradient rows sum to zero; with inputs near 1e6 an upper plane built as 1
+minus the others' intercepts lost 800 times its own value, a line below the function). The
+intercept is v - a32 . x0 with a32 the float32 slopes, moved outward by |a - a32| . r, by the
+error margin `_rel(n) (1 + m_v + |v| + m_a . r + |a32| . |x0|)` (the standard gamma_n bound of
+the terms, with 1e-12 relative as its floor: the library's exp / log, the shifts) and rounded
+outward to float32. Input
 bounds that are not finite give the constant IBP lines (vacuous where IBP is). The backward
 step contracts each softmax row's (n, n) slopes with the A-matrix through the summation
 order, one product per box and row.
@@ -32,13 +39,44 @@ order, one product per box and row.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
 from shardbound.runtime.numerics import contract
 from shardbound.runtime.ops.base import Op, register_op
 
-_MARGIN = 1e-12         # relative float64 evaluation allowance of a plane
+_MARGIN = 1e-12         # relative float64 evaluation allowance of a plane's terms (floor)
+
+
+def _rel(n: int) -> float:
+    """The relative allowance of a plane of n inputs: 1e-12, plus gamma of the few n-term
+    float64 sums each coefficient passes through (it matters past n ~ 1,000)."""
+    return _MARGIN + 8 * n * 2.0 ** -53
+
+
+class Plane(NamedTuple):
+    """One side's planes in centred form, float64: slopes a (..., n, n) (output i's row
+    a[..., i, :]), values v (..., n) at the box centre x0, and the magnitudes ma, mv of the
+    terms each was computed from (>= |a|, |v|; what their rounding errors scale with): the
+    plane of output i is v_i + a_i . (x - x0)."""
+
+    a: torch.Tensor
+    v: torch.Tensor
+    ma: torch.Tensor
+    mv: torch.Tensor
+
+    @staticmethod
+    def pick(use, p, q):
+        """p where `use` (..., n), q elsewhere."""
+        return Plane(*(torch.where(use.unsqueeze(-1) if x.dim() > use.dim() else use, x, y)
+                       for x, y in zip(p, q)))
+
+    @staticmethod
+    def constant(value):
+        """The constant line `value` (IBP's)."""
+        z = torch.zeros(*value.shape, value.shape[-1], dtype=value.dtype, device=value.device)
+        return Plane(z, value, z, value.abs())
 
 
 def _down(x64: torch.Tensor) -> torch.Tensor:
@@ -95,8 +133,8 @@ class _SoftmaxFamily(Op):
 
     # -- planes ------------------------------------------------------------------------------
     def _planes64(self, lo, hi):
-        """(aL (..., n, n), cL, aU, cU) in float64, sound in exact arithmetic: the output i's
-        lines are a[..., i, :] . x + c[..., i]."""
+        """(lower, upper) `Plane`s in float64, sound in exact arithmetic (upper None for
+        softmax: it comes from the other outputs' lower planes, `lines`)."""
         l, u = lo.double(), hi.double()
         c = u.max(dim=-1, keepdim=True).values
         x0, r = (l + u) / 2, (u - l) / 2
@@ -108,19 +146,17 @@ class _SoftmaxFamily(Op):
         s = torch.where(small, s_small, (e_u - e_l) / torch.where(small, 1.0, w))
         D = (e_l + s * r).sum(dim=-1, keepdim=True)           # D(x0) >= 1/2
         eye = torch.eye(l.shape[-1], dtype=l.dtype, device=l.device)
+        g = (s / D).unsqueeze(-2)                               # d log D / d x_j at x0
+        t0 = x0 - c                                             # the shifted centre
         if self.log:
-            q = torch.softmax(x0 - c, dim=-1)
-            lse0 = torch.logsumexp(x0 - c, dim=-1, keepdim=True)
-            aU = eye - q.unsqueeze(-2)
-            cU = (x0 - c - lse0) - (aU * x0.unsqueeze(-2)).sum(-1)
-            aL = eye - (s / D).unsqueeze(-2)
-            cL = (-c - torch.log(D)) + ((s / D) * x0).sum(-1, keepdim=True) \
-                + torch.zeros_like(x0)
-            return aL, cL, aU, cU
-        L = torch.exp(x0 - c) / D                               # L_i(x0)
-        aL = L.unsqueeze(-1) * (eye - (s / D).unsqueeze(-2))
-        cL = L - (aL * x0.unsqueeze(-2)).sum(-1)
-        return aL, cL, None, None
+            lse0 = torch.logsumexp(t0, dim=-1, keepdim=True)
+            q = torch.softmax(t0, dim=-1).unsqueeze(-2)
+            logD = torch.log(D)
+            upper = Plane(eye - q, t0 - lse0, eye + q, t0.abs() + lse0.abs() + 1.0)
+            lower = Plane(eye - g, t0 - logD, eye + g, t0.abs() + logD.abs() + 1.0)
+            return lower, upper
+        L = torch.exp(t0) / D                                   # L_i(x0)
+        return Plane(L.unsqueeze(-1) * (eye - g), L, L.unsqueeze(-1) * (eye + g), L), None
 
     def _sigmoid_planes64(self, lo, hi):
         """softmax_i = sigmoid(x_i - m_i) with m_i = LSE_{j != i} x_j convex: m_i <= the
@@ -128,12 +164,14 @@ class _SoftmaxFamily(Op):
         x_i - m_i lies between two planes T_L <= x_i - m_i <= T_U; sigmoid is increasing,
         so its lower line over T_L's range and upper line over T_U's give planes of
         softmax_i (the sigmoid kernel's lines: sound over the float32 interval, which is
-        rounded outward from float64). Tighter than 1 - sum of the others' lower planes on
-        narrow boxes (one relaxation error instead of n - 1). Needs n >= 2."""
+        rounded outward from float64, widened by what rounding may have moved T). Tighter
+        than 1 - sum of the others' lower planes on narrow boxes (one relaxation error
+        instead of n - 1). Needs n >= 2. (lower, upper) `Plane`s."""
         from shardbound.runtime.ops.smooth import Sigmoid
 
         l, u = lo.double(), hi.double()
         n = l.shape[-1]
+        rel = _rel(n)
         x0, r = (l + u) / 2, (u - l) / 2
         eye = torch.eye(n, dtype=torch.bool, device=l.device)
         lj, uj, xj = l.unsqueeze(-2), u.unsqueeze(-2), x0.unsqueeze(-2)      # [.., i, j]
@@ -147,24 +185,26 @@ class _SoftmaxFamily(Op):
         slope = slope.masked_fill(eye, 0.0)
         D = (e_l + slope * r.unsqueeze(-2)).masked_fill(eye, 0.0).sum(-1, keepdim=True)
         g = slope / D                                       # d log D / d x_j at x0
-        m_up0 = c + torch.log(D)                            # the concave bound at x0
         q = torch.softmax((xj - c).masked_fill(eye, -math.inf), dim=-1)     # grad of m_i
-        m0 = c + torch.logsumexp((xj - c).masked_fill(eye, -math.inf), dim=-1, keepdim=True)
+        lse0 = torch.logsumexp((xj - c).masked_fill(eye, -math.inf), dim=-1)
+        logD = torch.log(D).squeeze(-1)
+        t0 = x0 - c.squeeze(-1)                             # x0_i - max_{j != i} u_j
         unit = eye.to(l.dtype)
-        a_lo, a_hi = unit - g, unit - q                     # T_L, T_U slopes
-        c_lo = -m_up0.squeeze(-1) + (g * xj).sum(-1)
-        c_hi = -m0.squeeze(-1) + (q * xj).sum(-1)
         sig = Sigmoid("sigma", ["t"], [tuple(l.shape[1:])])
         out = []
-        for a, cc, lower in ((a_lo, c_lo, True), (a_hi, c_hi, False)):
-            mid = (a * xj).sum(-1) + cc
+        # T_L = x_i - (the concave bound of m_i), T_U = x_i - (m_i's tangent), at x0
+        for a, ma, v, mv, lower in ((unit - g, unit + g, t0 - logD, logD.abs(), True),
+                                    (unit - q, unit + q, t0 - lse0, lse0.abs(), False)):
+            mv = t0.abs() + mv + 1.0
             spread = (a.abs() * r.unsqueeze(-2)).sum(-1)
-            margin = _MARGIN * (1 + mid.abs() + spread)
-            lines = sig.relax(_down(mid - spread - margin), _up(mid + spread + margin))
+            margin = rel * (1 + mv + v.abs() + spread + (ma * r.unsqueeze(-2)).sum(-1))
+            lines = sig.relax(_down(v - spread - margin), _up(v + spread + margin))
             k, b = ((lines.lower_slope, lines.lower_icpt) if lower
                     else (lines.upper_slope, lines.upper_icpt))
             k, b = k.double(), b.double()
-            out += [k.unsqueeze(-1) * a, k * cc + b]
+            # k T + b, with what T's rounding may have moved it by (|k| (1 + mv + ma . r))
+            out.append(Plane(k.unsqueeze(-1) * a, k * v + b, k.abs().unsqueeze(-1) * ma,
+                             k.abs() * (mv + v.abs()) + b.abs()))
         return out
 
     def lines(self, lo, hi):
@@ -175,31 +215,36 @@ class _SoftmaxFamily(Op):
         finite = (torch.isfinite(l) & torch.isfinite(u)).all(dim=-1, keepdim=True)
         safe_l = torch.where(finite, l, 0.0)
         safe_u = torch.where(finite, u, 0.0)
-        aL, cL, aU, cU = self._planes64(safe_l, safe_u)
+        lower, upper = self._planes64(safe_l, safe_u)
         x0 = torch.where(finite, x0, 0.0)
         r = torch.where(finite, r, 0.0)
+        rel = _rel(l.shape[-1])
         sigmoid = not self.log and l.shape[-1] >= 2
         if sigmoid:
-            saL, scL, saU, scU = self._sigmoid_planes64(safe_l, safe_u)
+            s_lower, s_upper = self._sigmoid_planes64(safe_l, safe_u)
 
-        def centre(a, c):
-            return (a * x0.unsqueeze(-2)).sum(-1) + c
-
-        def pick(use, a, c, a2, c2):
-            return torch.where(use.unsqueeze(-1), a, a2), torch.where(use, c, c2)
+        def worth(p, side):
+            """The value at x0 of the float32 line p becomes (side -1: lower, +1: upper):
+            its margins and the intercept's float32 rounding taken."""
+            a32, c32 = _rounded(p, x0, r, rel, lower=side < 0)
+            return (a32.double() * x0.unsqueeze(-2)).sum(-1) + c32.double()
 
         # lower side: of the planes, the one with the higher centre value; the IBP constant
         # where that is better still
         if sigmoid:
-            aL, cL = pick(centre(saL, scL) > centre(aL, cL), saL, scL, aL, cL)
-        aL, cL = pick(finite & (centre(aL, cL) >= low), aL, cL, torch.zeros_like(aL), low)
+            lower = Plane.pick(worth(s_lower, -1) > worth(lower, -1), s_lower, lower)
+        ibp_low, ibp_up = Plane.constant(low), Plane.constant(up)
+        lower = Plane.pick(finite & (worth(lower, -1) >= worth(ibp_low, -1)), lower, ibp_low)
         if not self.log:        # upper planes from the other outputs' lower lines
-            aU = aL - aL.sum(dim=-2, keepdim=True)
-            cU = 1.0 - (cL.sum(dim=-1, keepdim=True) - cL)
+            total = [t.sum(dim=-2, keepdim=True) for t in (lower.a, lower.ma)]
+            vsum = lower.v.sum(dim=-1, keepdim=True)
+            upper = Plane(lower.a - total[0], 1.0 - (vsum - lower.v), lower.ma + total[1],
+                          1.0 + lower.mv.sum(dim=-1, keepdim=True) + torch.zeros_like(lower.v))
             if sigmoid:
-                aU, cU = pick(centre(saU, scU) < centre(aU, cU), saU, scU, aU, cU)
-        aU, cU = pick(finite & (centre(aU, cU) <= up), aU, cU, torch.zeros_like(aU), up)
-        return (*_rounded(aL, cL, x0, r, lower=True), *_rounded(aU, cU, x0, r, lower=False))
+                upper = Plane.pick(worth(s_upper, 1) < worth(upper, 1), s_upper, upper)
+        upper = Plane.pick(finite & (worth(upper, 1) <= worth(ibp_up, 1)), upper, ibp_up)
+        return (*_rounded(lower, x0, r, rel, lower=True),
+                *_rounded(upper, x0, r, rel, lower=False))
 
     # -- the CROWN step ------------------------------------------------------------------------
     def inexact_inputs(self, in_bounds):
@@ -248,20 +293,27 @@ class _SoftmaxFamily(Op):
         return A_in, bias
 
 
-def _rounded(a64, c64, x0, r, lower: bool):
-    """float32 slopes and an intercept that keeps the line on its side over the box
-    [x0 - r, x0 + r]: rounding the slopes moves the line by at most |da| . r around x0."""
-    a32 = a64.float()
-    da = a64 - a32.double()
-    shift = (da * x0.unsqueeze(-2)).sum(-1)
-    spread = (da.abs() * r.unsqueeze(-2)).sum(-1)
-    margin = _MARGIN * (1 + c64.abs() + (a64.abs() * (x0.abs() + r).unsqueeze(-2)).sum(-1))
-    finite = torch.isfinite(c64)
+def _margin(p: Plane, x0, r, rel):
+    """What float64 rounding may have moved plane p's value at x0 (1 + m_v) and its slopes
+    over the box (m_a . r), and what its intercept v - a . x0 loses to rounding (|v| + |a| .
+    |x0|): rel times the magnitudes of the terms, not of the results."""
+    terms = p.ma * r.unsqueeze(-2) + p.a.abs() * x0.abs().unsqueeze(-2)
+    return rel * (1 + p.mv + p.v.abs() + terms.sum(-1))
+
+
+def _rounded(p: Plane, x0, r, rel, lower: bool):
+    """float32 slopes and an intercept that keeps the plane on its side over the box
+    [x0 - r, x0 + r]: rounding the slopes moves the line by at most |a - a32| . r around x0,
+    float64 rounding by `_margin`."""
+    a32 = p.a.float()
+    a32_64 = a32.double()
+    spread = ((p.a - a32_64).abs() * r.unsqueeze(-2)).sum(-1)
+    c64 = p.v - (a32_64 * x0.unsqueeze(-2)).sum(-1)
+    move = spread + _margin(p, x0, r, rel)
+    finite = torch.isfinite(p.v)
     if lower:
-        c = torch.where(finite, c64 + shift - spread - margin, c64)
-        return a32, _down(c)
-    c = torch.where(finite, c64 + shift + spread + margin, c64)
-    return a32, _up(c)
+        return a32, _down(torch.where(finite, c64 - move, p.v))
+    return a32, _up(torch.where(finite, c64 + move, p.v))
 
 
 @register_op

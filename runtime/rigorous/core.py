@@ -301,6 +301,17 @@ class WeightedStep(LinearMapStep):
     def terms(self):
         return self.fan_in() + 1
 
+    def _weighted_mags(self, m):
+        """|W| m, rounded up, for the input magnitudes m (B, 1, *in_shape): one forward
+        product, kept for the next row chunk that brings the same tensor (engine.py shares a
+        node's magnitudes across its chunks)."""
+        held = getattr(self, "_wm_held", None)
+        if held is not None and held[0] is m:
+            return held[1]
+        wm = up(self.apply([m.squeeze(1)], absolute=True) * (1.0 + gamma(self.fan_in() + 1)))
+        self._wm_held = (m, wm)
+        return wm
+
     def back(self, L, in_bounds, mags, alpha=None):
         """The computed L W is the chosen coefficient; its distance from the exact product is
         at most gamma |L| |W| elementwise, charged as gamma |L| . (|W| m): one matrix-vector
@@ -308,7 +319,7 @@ class WeightedStep(LinearMapStep):
         B, S = L.shape[:2]
         L_in = self.adjoint(L.reshape(B * S, *self.shape), self.w).reshape(B, S,
                                                                            *self.in_shapes[0])
-        wm = up(self.apply([mags[0].squeeze(1)], absolute=True) * (1.0 + gamma(self.fan_in() + 1)))
+        wm = self._weighted_mags(mags[0])
         flat = L.reshape(B, S, -1)
         La = flat.abs()
         n = La.shape[-1]

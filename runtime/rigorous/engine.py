@@ -113,13 +113,15 @@ class RigorousBounds:
 
     # -- bounds --------------------------------------------------------------------------------
     def _backward(self, target: str, L0: torch.Tensor, bounds, lo, hi, alphas=None,
-                  extra=None) -> torch.Tensor:
+                  extra=None, mags=None) -> torch.Tensor:
         """A rigorous lower bound (B, S) of L0 . value(target) over the boxes; `extra` (node ->
         (B, S, *shape)) is added to the coefficients arriving at a node (beta), `alphas`
-        (node -> (B, S, ...)) go to the relaxations' steps."""
+        (node -> (B, S, ...)) go to the relaxations' steps. `mags`: a dict the row chunks of
+        one node's bounds share (the magnitudes max(|l|, |h|) are the same for all of them,
+        and a weighted step's |W| m is made once from the same tensor)."""
         B, S = L0.shape[:2]
-        walk = RowAccount(target, L0, torch.zeros(B, S, dtype=DT), bounds, {},
-                          lambda a, b, name: a + b)
+        walk = RowAccount(target, L0, torch.zeros(B, S, dtype=DT), bounds,
+                          {} if mags is None else mags, lambda a, b, name: a + b)
         stop = self.nodes.index(self.by_name[target])
         for n in reversed(self.nodes[:stop + 1]):
             if extra is not None and n.name in extra:
@@ -170,13 +172,14 @@ class RigorousBounds:
         if self.windowed and window.is_grid(n.shape):
             self._window_rows(n, idx, bounds, lo, hi, new_l, new_h)
             return new_l.reshape(l.shape), new_h.reshape(h.shape)
+        mags = {}
         for at in range(0, len(idx), self.row_chunk):
             rows = idx[at:at + self.row_chunk]
             eye = torch.zeros(len(rows), M, dtype=DT)
             eye[torch.arange(len(rows)), rows] = 1.0
             L0 = torch.cat([eye, -eye]).unsqueeze(0).expand(B, -1, -1).reshape(B, 2 * len(rows),
                                                                                *n.shape)
-            c = self._backward(n.name, L0, bounds, lo, hi)
+            c = self._backward(n.name, L0, bounds, lo, hi, mags=mags)
             new_l[:, rows] = torch.maximum(new_l[:, rows], c[:, :len(rows)])
             new_h[:, rows] = torch.minimum(new_h[:, rows], -c[:, len(rows):])
         return new_l.reshape(l.shape), new_h.reshape(h.shape)
@@ -233,6 +236,7 @@ class RigorousBounds:
         if self.windowed and window.is_grid(n.shape) and k:
             self._window_rows(n, index, bounds, lo, hi, new_l, new_h, alphas)
             return new_l.reshape(l.shape), new_h.reshape(h.shape)
+        mags = {}
         for at in range(0, k, self.row_chunk):
             rows = index[at:at + self.row_chunk]
             r = len(rows)
@@ -241,7 +245,7 @@ class RigorousBounds:
             L0 = torch.cat([eye, -eye]).unsqueeze(0).expand(B, -1, -1).reshape(B, 2 * r, *n.shape)
             al = {name: torch.cat([a[:, at:at + r], a[:, k + at:k + at + r]], dim=1)
                   for name, a in alphas.items()}
-            c = self._backward(n.name, L0, bounds, lo, hi, al)
+            c = self._backward(n.name, L0, bounds, lo, hi, al, mags=mags)
             new_l[:, rows] = torch.maximum(new_l[:, rows], c[:, :r])
             new_h[:, rows] = torch.minimum(new_h[:, rows], -c[:, r:])
         return new_l.reshape(l.shape), new_h.reshape(h.shape)

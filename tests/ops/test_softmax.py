@@ -84,6 +84,51 @@ def test_lines_sound_and_never_nan(cls):
             assert bool((il.double() <= f + tol).all() and (iu.double() >= f - tol).all())
 
 
+def _exact_gap(a32, c32, x):
+    """a32 . x + c32 rounded once: products of float32 numbers are
+    exact in float64, fsum rounds the sum once. (points, rows, n) for x, lines per row."""
+    P, R, n = x.shape
+    out = np.empty((P, R, n))
+    for p in range(P):
+        for r in range(R):
+            for i in range(n):
+                out[p, r, i] = math.fsum([*(a32[r, i] * x[p, r]), c32[r, i]])
+    return out
+
+
+@pytest.mark.parametrize("cls", [Softmax, LogSoftmax], ids=["softmax", "log_softmax"])
+def test_lines_hold_where_coefficients_cancel(cls):
+    """Inputs near 1e5 .. 1e7, one entry of each row 5 .. 30 below the others: the gradient
+    rows of softmax sum to zero, so the upper plane of the small output (1 minus the others'
+    lower planes) is a sum of terms near 1e5 that cancel to about its value, 1e-12 .. 1e-3
+    (issue 17: a margin of 1e-12 relative to the results, not to the terms, left that line
+    up to 800 times the output's value below it). Each line holds at float32 points of the
+    box (vertices, centre, uniform) in exact arithmetic, against the float64 function within
+    16 ulps."""
+    rng = np.random.default_rng(11)
+    R, n = 24, 3
+    for off in (1e5, 1e6, 1e7):
+        for width in (0.0, 0.25, 1.0):
+            base = off + np.concatenate([-rng.uniform(5, 30, (1, R, 1)),
+                                         rng.uniform(-1, 1, (1, R, n - 1))], axis=-1)
+            lo = base.astype(np.float32)
+            hi = np.maximum((base + width * rng.uniform(0, 1, base.shape)).astype(np.float32), lo)
+            op = cls("s", ["x"], [(R, n)], order="blocked")
+            aL, cL, aU, cU = (t.double().numpy()[0] for t in
+                              op.lines(torch.from_numpy(lo), torch.from_numpy(hi)))
+            u = rng.uniform(size=(40, R, n))
+            u[:16] = u[:16] > 0.5
+            u[16] = 0.5
+            x = (lo + u * (hi.astype(np.float64) - lo)).astype(np.float32)
+            x = np.clip(x, lo, hi).astype(np.float64)
+            f = (torch.log_softmax if op.log else torch.softmax)(torch.from_numpy(x), dim=-1)
+            f = f.numpy()
+            tol = 2.0 ** -49 * np.abs(f) + 1e-300
+            low, up = _exact_gap(aL, cL, x), _exact_gap(aU, cU, x)
+            assert (low <= f + tol).all(), (off, width, float((low - f).max()))
+            assert (up >= f - tol).all(), (off, width, float((f - up).max()))
+
+
 def test_infinite_input_bounds_give_ibp_lines():
     lo = torch.tensor([[[-math.inf, 0.0, 1.0]]])
     hi = torch.tensor([[[2.0, 0.5, 1.0]]])
