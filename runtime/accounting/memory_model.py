@@ -242,9 +242,11 @@ def _alpha_phase_peak(nodes, index, output: str, batch: int, rows, final_rows: i
     steps: what its autograd graph saved so far, the step's A-matrices in and out and its
     gathered parameters; then the box terms (the input A-matrix, saved too). Each pass's
     graph is freed by its own backward. `rows(n)` is this rank's share of n rows.
-    `pass_extra(R, start, path)` (tp: tp_model.py), if given, adds what a pass of R rows from
-    node `start` through the nodes `path` (names, backward order) keeps besides (its
-    reductions' autograd saves and gradient buffers) to that pass's peak. `keeps_weights`
+    `pass_extra(R, start, path)` (tp: tp_model.py), if given, tells what a pass of R rows from
+    node `start` through the nodes `path` (names, backward order) keeps besides: (bytes saved
+    at each differentiated step of those nodes {name: bytes}, the buffers of its backward's
+    largest reduction), each counted where it happens (added to the pass's whole peak
+    before branch tpfix: 6-9% over in tp on the bench MLPs). `keeps_weights`
     (a bool, or a function node -> bool: `weight_keeper`; tp: of replicated layers only):
     whether a differentiated step keeps its weight where the ledger counts it as saved."""
     ancestors: dict[str, set] = {}
@@ -269,6 +271,8 @@ def _alpha_phase_peak(nodes, index, output: str, batch: int, rows, final_rows: i
             continue
         alpha += 3 * batch * R * sum(alpha_neurons.get(nodes[j].name, numel(nodes[j].inputs[0]))
                                      for j in ops) * F32
+        kept, back = ({}, 0) if pass_extra is None else pass_extra(
+            R, name, [nodes[j].name for j in path])
         saved, later, peak = 0, False, 0
         for j in path:
             node = nodes[j]
@@ -292,11 +296,14 @@ def _alpha_phase_peak(nodes, index, output: str, batch: int, rows, final_rows: i
                 keeps = keeps_weights(node) if callable(keeps_weights) else keeps_weights
                 if later and keeps and node.weight_shape:
                     saved += math.prod(node.weight_shape) * F32
+                if later:
+                    saved += kept.get(node.name, 0)
             peak = max(peak, saved + batch * R * (numel(node.name) + ins) * F32 + gathered[j])
         # the box terms: the input A-matrix (and its saved copy), the box's center and radius
         peak = max(peak, saved + batch * (R * 2 * input_numel * F32 + 2 * F32 * input_numel + R))
-        if pass_extra is not None:
-            peak += pass_extra(R, name, [nodes[j].name for j in path])
+        # the backward: the whole graph saved (the input A-matrix's copy too) and a gradient
+        # reduction's buffers (tp)
+        peak = max(peak, saved + batch * R * input_numel * F32 + back)
         worst = max(worst, peak)
     return alpha + worst if alpha else 0
 

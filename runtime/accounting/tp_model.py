@@ -350,21 +350,22 @@ def _full_alpha_peak(nodes, index, places, splits, output, batch, S, passes, res
     return _result(resident, got, ("full-alpha-crown", output))
 
 
-def _pass_extra(nodes, index, places, splits, batch, R, start, path) -> int:
+def _pass_extra(nodes, index, places, splits, batch, R, start, path) -> tuple[dict, int]:
     """What tp's autograd functions keep in one differentiated pass of R rows (see
-    `_alpha_peak`): each zone layer's (transposed) weight slice past the start node, and the
-    largest reduction of a row layer's replicated A-matrix gradient."""
-    kept, back = 0, 0
+    `_alpha_peak`): ({zone layer past the start node: its (transposed) weight slice, saved at
+    its step}, the largest reduction of a row layer's replicated A-matrix gradient, at the
+    pass's backward)."""
+    kept, back = {}, 0
     for name in path:
         place = places.get(name)
         if place is None or name == start:
             continue
         node = nodes[index[name]]
         if place.role in ("column", "row"):
-            kept += math.prod(node.weight_shape) * F32
+            kept[name] = math.prod(node.weight_shape) * F32
         if place.role == "row":
             back = max(back, splits[name].collective(batch * R * math.prod(node.shape)))
-    return kept + back
+    return kept, back
 
 
 def network_places(network) -> tuple[list[NodeShape], dict]:
