@@ -184,7 +184,7 @@ def predict(shapes, output: str, cand: Candidate, options, method: str, batch: i
     return predict_peak(shapes, output, cand.nproc, batch=batch, spec_rows=spec_rows,
                         shard_rows=(options.summation != "fast") if fsdp else None,
                         method=method, stream_chunk_bytes=cand.stream_chunk_bytes,
-                        row_tile=cand.row_tile)
+                        row_tile=cand.row_tile, order=options.summation)
 
 
 def _worst(shapes, output, cand, options, methods, spec_rows=None, tp=None) -> dict:

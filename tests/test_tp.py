@@ -34,15 +34,18 @@ ALPHA_WORLDS = (2, 3)
 # + full alpha-CROWN (zone nodes are start nodes) on the --tp-intermediate crown programs of
 # these models, per world size (P = 4 leaves a rank of tp_mlp2 without channels; each rank's
 # first optimisation costs ~0.7 CPU-s of warm-up, so P = 4 runs one model)
-FULL_ALPHA_RUNS = {2: ("tp_mlp2", "tp_relu_input", "tp_cnn"), 4: ("tp_mlp2", "tp_relu_input")}
-# models compiled as single and tp --tp-intermediate crown only, for CROWN and full
-# alpha-CROWN on FULL_ALPHA_RUNS's ranks alone (tp_relu_input: a zone node optimised on local
-# rows)
-FULL_ALPHA_ONLY = ("tp_relu_input",)
+FULL_ALPHA_RUNS = {2: ("tp_mlp2", "tp_relu_input", "tp_cnn", "tp_cnn_wide"),
+                   4: ("tp_mlp2", "tp_relu_input", "tp_cnn_wide")}
+# models compiled as single and tp --tp-intermediate crown only, run with these methods and
+# full alpha-CROWN on FULL_ALPHA_RUNS's ranks alone (tp_relu_input: a zone node optimised on
+# local rows; tp_cnn_wide: a conv zone of 4 blocks, whose row conv's gradient w.r.t. the
+# replicated A is reduced in the pair tree, which a sum in rank order broke at P = 4)
+FULL_ALPHA_ONLY = {"tp_relu_input": ["crown"], "tp_cnn_wide": ["crown", "alpha-crown"]}
 
 
 def _models(tmp):
-    return zoo_cases(tmp, TP_MODELS + FULL_ALPHA_ONLY, seed=5, radius=0.2) + shared_cases()
+    return (zoo_cases(tmp, TP_MODELS + tuple(FULL_ALPHA_ONLY), seed=5, radius=0.2)
+            + shared_cases())
 
 
 def _bounded(cases) -> dict:
@@ -84,11 +87,11 @@ def tp(tmp_path_factory):
                 if name in FULL_ALPHA_ONLY:
                     if name not in full_alpha:
                         continue
-                    e = {**e, "methods": ["crown"]}
+                    e = {**e, "methods": FULL_ALPHA_ONLY[name]}
                 out.append(e)
         return out
 
-    single = run_job(tmp, entries(("single",), True, ALPHA_MODELS + FULL_ALPHA_ONLY),
+    single = run_job(tmp, entries(("single",), True, ALPHA_MODELS + tuple(FULL_ALPHA_ONLY)),
                      JOB_METHODS, 1, tag="single", bounds=True)
     runs = {P: run_job(tmp, entries(("ibp", "crown", "fast"), P in ALPHA_WORLDS,
                                     FULL_ALPHA_RUNS.get(P, ())), JOB_METHODS, P,
@@ -401,7 +404,9 @@ def test_tp_full_alpha_crown(tp):
     --tp-intermediate crown, on P = 2 and 4 (a rank without channels at P = 4), for zone
     start nodes on all rows (tp_mlp2's second zone) and on local rows (tp_relu_input), never
     looser than CROWN and at least as tight as tp's alpha-CROWN of the final pass where both
-    ran."""
+    ran; the FULL_ALPHA_ONLY models' other methods bitwise too (tp_cnn_wide: a conv zone
+    of 4 blocks, whose alpha-CROWN at P = 4 differed with the ranks' gradient parts of the row
+    conv added in rank order)."""
     cases, single, runs = tp
     for P, names in FULL_ALPHA_RUNS.items():
         for name in names:
@@ -410,6 +415,9 @@ def test_tp_full_alpha_crown(tp):
             crown = _get(single, e["single"], "crown")
             got = _get(runs[P], e["crown"], "full-alpha-crown")
             assert got["sha"] == want["sha"], (name, P)
+            for m in FULL_ALPHA_ONLY.get(name, ()):
+                assert (_get(runs[P], e["crown"], m)["sha"]
+                        == _get(single, e["single"], m)["sha"]), (name, m, P)
             assert bool((torch.tensor(got["lower"]) >= torch.tensor(crown["lower"])).all())
             if name in ALPHA_MODELS and P in ALPHA_WORLDS:
                 alpha = _get(runs[P], e["crown"], "alpha-crown")

@@ -204,17 +204,17 @@ def tp_mlp(rng, zones=1, hidden=520, width=24, n_in=8, n_out=4):
     return b.build(h), b.input_shape
 
 
-def tp_cnn(rng, channels=260):
+def tp_cnn(rng, channels=260, side=3):
     """A conv zone: Conv 1 -> 260 channels, ReLU, Conv 260 -> 3 channels (row), then a
-    replicated ReLU, Flatten, Gemm."""
-    b = Builder(rng, (1, 3, 3))
+    replicated ReLU, Flatten, Gemm; the input is side x side."""
+    b = Builder(rng, (1, side, side))
     h = b.op("Conv", ["x", b.const(b.weight(channels, 1, 3, 3)),
                       b.const(rng.normal(0, 0.1, (channels,)))], pads=[1, 1, 1, 1])
     h = b.relu(h)
     h = b.op("Conv", [h, b.const(b.weight(3, channels, 2, 2)), b.const(rng.normal(0, 0.1, (3,)))])
     h = b.relu(h)
     h = b.op("Flatten", [h], axis=1)
-    return b.build(b.gemm(h, 12, 3)), b.input_shape
+    return b.build(b.gemm(h, 3 * (side - 1) ** 2, 3)), b.input_shape
 
 
 def tp_relu_input(rng, n_in=8, hidden=1024, width=24, n_out=4):
@@ -236,6 +236,8 @@ TP_ZOO = {
     "tp_mlp2": lambda rng: tp_mlp(rng, 2),
     "tp_mlp3": lambda rng: tp_mlp(rng, 3),
     "tp_cnn": tp_cnn,
+    # 1024 channels: 4 blocks, one per rank on P = 4 (the row conv's gradient is reduced)
+    "tp_cnn_wide": lambda rng: tp_cnn(rng, channels=1024),
 }
 
 ZOO = {

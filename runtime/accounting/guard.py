@@ -40,7 +40,7 @@ def check_budget(network, lower, C, method: str) -> None:
                             spec_rows=S, method=method,
                             shard_rows=network.rows.enabled if setup["fsdp"] else None,
                             stream_chunk_bytes=setup["stream_chunk_bytes"],
-                            row_tile=network.row_tile)
+                            row_tile=network.row_tile, order=network.order)
     need = pred["peak_tracked_bytes"]
     if need > budget:
         raise MemoryBudgetExceeded(

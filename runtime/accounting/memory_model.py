@@ -70,7 +70,8 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
                  spec_rows: int | None = None, shard_rows: bool | None = None,
                  method: str = "crown", stream_chunk_bytes: int | None = None,
                  crown_rows: dict | None = None, row_tile: int | None = None,
-                 alpha_rows: dict | None = None, alpha_neurons: dict | None = None) -> dict:
+                 alpha_rows: dict | None = None, alpha_neurons: dict | None = None,
+                 order: str = "blocked") -> dict:
     """Predicted per-rank bytes: resident parameters, and the tracked peak of a run of
     `method` ("ibp" or "crown"). `shard_rows` None means single mode (whole parameters);
     False or True means fsdp without or with work sharding of the CROWN rows (the orders that
@@ -90,7 +91,8 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
     `alpha_rows` (before any box is known: the planner) every neuron of every intermediate
     pass is assumed to get alphas, the most a run can take. `alpha_neurons` (a run's
     `Network.alpha_neurons`): the ops whose alphas were kept for some input neurons alone
-    (`SparseAlpha`), and how many.
+    (`SparseAlpha`), and how many. `order` (the summation order) decides which weights a
+    differentiated step keeps (`weight_keeper`).
 
     Replaying every backward pass costs the sum of their lengths: quadratic in depth (a chain
     of 20,000 ReLUs took minutes to compile). Only the largest peak is wanted, so each pass
@@ -146,7 +148,7 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
             alpha_rows = {nodes[t].name: math.prod(nodes[t].shape) for t, *_ in passes[:-1]}
         got = resident + passes[-1][3] + _alpha_phase_peak(
             nodes, index, output, batch, rows, final_rows, alpha_rows, alpha_gathered,
-            alpha_neurons or {}, keeps_weights=not fsdp)
+            alpha_neurons or {}, keeps_weights=weight_keeper(order))
         if got > peak:
             peak, where = got, ("full-alpha-crown", output)
     result = _result(resident, peak, where)
@@ -207,11 +209,29 @@ def register_method_model(name: str):
 # of the pass (its incoming A-matrix is a constant) keeps two, every later one four (its
 # A-matrix depends on earlier alphas); the input A-matrix is kept for the box terms.
 SAVED_FIRST, SAVED_LATER = 2, 4
-# The same for a ReLU whose alphas are kept for k inexact neurons alone (`SparseAlpha`): the
-# first op keeps tensors of (batch, rows, k) (the columns and their slopes), a later one
-# those and tensors of (batch, rows, op input) (the A-matrix and its negative part, for the
-# bias term's gradient). Measured with SavedTensorCounter on the zoo MLP and residual.
-SPARSE_FIRST, SPARSE_LATER = 2, 2
+# The same for a ReLU whose alphas are kept for k inexact neurons alone (`SparseAlpha`,
+# relaxation.py `_crown_sparse_alpha`): every such op keeps SPARSE_FIRST tensors of (batch,
+# rows, k) -- the alphas (their clamp's input: the counter sees the parameter's storage
+# too), the selected columns and their alpha slopes (`_LinesStep`), and the index_copy's
+# source -- and the k indices (int64); a later one also SPARSE_LATER of (batch, rows, op
+# input) (the clamp's input, its whole A-matrix) and the dense side's two CROWN lines
+# (batch, op input). Measured with SavedTensorCounter per step on the bench MLPs
+# (256-2048-256-10, 784-512-512-512-10); 2 and 2 (session 7) left a first sparse ReLU's
+# pass 18% under on a 2048-wide layer.
+SPARSE_FIRST, SPARSE_LATER = 4, 1
+
+
+def weight_keeper(order: str):
+    """node -> whether a differentiated backward step of it keeps its weight where the ledger
+    counts it (autograd's saves): the conv kernels save theirs in every order
+    (`alpha_saves_weight`: `_OrderedTransposedConv`, conv_transpose2d); a linear layer's
+    ordered product holds the prepared operand outside the saves (`contract._OrderedMatmul`),
+    while `fast`'s torch.matmul saves the weight's storage (or fsdp's streamed blocks).
+    Measured per step with SavedTensorCounter: counting every resident linear weight under
+    `blocked` (session 7) over-predicted the 784-512-512-512-10 MLP by 7.5%."""
+    def keeps(node) -> bool:
+        return order == "fast" or bool(getattr(node.traits, "alpha_saves_weight", False))
+    return keeps
 
 
 def _alpha_phase_peak(nodes, index, output: str, batch: int, rows, final_rows: int,
@@ -222,13 +242,13 @@ def _alpha_phase_peak(nodes, index, output: str, batch: int, rows, final_rows: i
     steps: what its autograd graph saved so far, the step's A-matrices in and out and its
     gathered parameters; then the box terms (the input A-matrix, saved too). Each pass's
     graph is freed by its own backward. `rows(n)` is this rank's share of n rows.
-    `pass_extra(R, start, path)` (tp: tp_model.py), if given, adds what a pass of R rows from
-    node `start` through the nodes `path` (names, backward order) keeps besides (its
-    reductions' autograd saves and gradient buffers) to that pass's peak. `keeps_weights`
-    (resident weights, not fsdp's streamed blocks): a differentiated step keeps its weight
-    operand (the prepared W.T, or W's storage under `fast`), counted by the ledger as saved
-    (measured: the 784-512-512-512-10 MLP's pass of its second start node, 13% under without).
-    `keeps_weights` may also be a function node -> bool (tp: replicated layers only)."""
+    `pass_extra(R, start, path)` (tp: tp_model.py), if given, tells what a pass of R rows from
+    node `start` through the nodes `path` (names, backward order) keeps besides: (bytes saved
+    at each differentiated step of those nodes {name: bytes}, the buffers of its backward's
+    largest reduction), each counted where it happens (added to the pass's whole peak
+    before branch tpfix: 6-9% over in tp on the bench MLPs). `keeps_weights`
+    (a bool, or a function node -> bool: `weight_keeper`; tp: of replicated layers only):
+    whether a differentiated step keeps its weight where the ledger counts it as saved."""
     ancestors: dict[str, set] = {}
     for node in nodes:
         seen = set()
@@ -251,6 +271,8 @@ def _alpha_phase_peak(nodes, index, output: str, batch: int, rows, final_rows: i
             continue
         alpha += 3 * batch * R * sum(alpha_neurons.get(nodes[j].name, numel(nodes[j].inputs[0]))
                                      for j in ops) * F32
+        kept, back = ({}, 0) if pass_extra is None else pass_extra(
+            R, name, [nodes[j].name for j in path])
         saved, later, peak = 0, False, 0
         for j in path:
             node = nodes[j]
@@ -258,7 +280,7 @@ def _alpha_phase_peak(nodes, index, output: str, batch: int, rows, final_rows: i
             if j in ops and node.name in alpha_neurons:
                 k = alpha_neurons[node.name]
                 saved += (batch * R * (k * SPARSE_FIRST + (ins * SPARSE_LATER if later else 0))
-                          * F32 + batch * k)
+                          * F32 + 8 * k + (2 * batch * ins * F32 if later else 0))
             elif j in ops:
                 # masks (a byte each) and, past the first op, two lines of floats
                 saved += (batch * R * ins * (SAVED_LATER if later else SAVED_FIRST) * F32
@@ -274,11 +296,14 @@ def _alpha_phase_peak(nodes, index, output: str, batch: int, rows, final_rows: i
                 keeps = keeps_weights(node) if callable(keeps_weights) else keeps_weights
                 if later and keeps and node.weight_shape:
                     saved += math.prod(node.weight_shape) * F32
+                if later:
+                    saved += kept.get(node.name, 0)
             peak = max(peak, saved + batch * R * (numel(node.name) + ins) * F32 + gathered[j])
         # the box terms: the input A-matrix (and its saved copy), the box's center and radius
         peak = max(peak, saved + batch * (R * 2 * input_numel * F32 + 2 * F32 * input_numel + R))
-        if pass_extra is not None:
-            peak += pass_extra(R, name, [nodes[j].name for j in path])
+        # the backward: the whole graph saved (the input A-matrix's copy too) and a gradient
+        # reduction's buffers (tp)
+        peak = max(peak, saved + batch * R * input_numel * F32 + back)
         worst = max(worst, peak)
     return alpha + worst if alpha else 0
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 
 from shardbound.runtime.accounting.memory_model import (F32, MethodContext, NodeShape,
                                                         _alpha_phase_peak, _result,
-                                                        backward_step)
+                                                        backward_step, weight_keeper)
 from shardbound.runtime.numerics.blocktree import tree_nodes
 
 GATHER_WHOLE_ELEMENTS = 1 << 16     # tp_reduce: outputs up to this size go in one all-gather
@@ -156,7 +156,7 @@ def predict_tp_peak(nodes: list[NodeShape], places: dict, output: str, world: in
         alpha = (None if alpha_rows is None else alpha_rows[rank],
                  None if alpha_neurons is None else alpha_neurons[rank])
         got = _rank_peak(local, places, splits, output, world, batch, spec_rows, method,
-                         rows, row_tile, refine, set(ibp_planned), alpha)
+                         rows, row_tile, refine, set(ibp_planned), alpha, order)
         if best is None or got["peak_tracked_bytes"] > best["peak_tracked_bytes"]:
             best = dict(got, rank=rank)
     return best
@@ -167,7 +167,7 @@ def _numel(nodes, index, name) -> int:
 
 
 def _rank_peak(nodes, places, splits, output, world, batch, spec_rows, method, crown_rows,
-               row_tile, refine, ibp_planned, alpha=(None, None)) -> dict:
+               row_tile, refine, ibp_planned, alpha=(None, None), order="blocked") -> dict:
     index = {node.name: i for i, node in enumerate(nodes)}
     resident = sum(n * F32 for node in nodes for n in node.param_numels)
     # IBP: every node's bounds; a row layer's two products (centre, radius) are reductions.
@@ -234,7 +234,7 @@ def _rank_peak(nodes, places, splits, output, world, batch, spec_rows, method, c
     crown = _result(resident, peak, where)
     if method == "full-alpha-crown":
         return _full_alpha_peak(nodes, index, places, splits, output, batch, S, passes,
-                                resident, crown, *alpha)
+                                resident, crown, *alpha, order)
     return _alpha_peak(nodes, index, places, splits, output, batch, S, passes[-1][4],
                        resident, world, crown)
 
@@ -326,9 +326,10 @@ def _alpha_peak(nodes, index, places, splits, output, batch, S, held, resident, 
 
 
 def _full_alpha_peak(nodes, index, places, splits, output, batch, S, passes, resident, crown,
-                     alpha_rows, alpha_neurons) -> dict:
+                     alpha_rows, alpha_neurons, order: str = "blocked") -> dict:
     """CROWN's figure or full alpha-CROWN's optimisation on this rank's shapes, the larger
     (memory_model._alpha_phase_peak, with tp's per-pass keepers: `_pass_extra`)."""
+    keeper = weight_keeper(order)
     if alpha_rows is None:          # every neuron of every start node, as this rank holds it
         alpha_rows = {}
         for t, _, start, local, _ in passes[:-1]:
@@ -343,27 +344,28 @@ def _full_alpha_peak(nodes, index, places, splits, output, batch, S, passes, res
     got = resident + passes[-1][4] + _alpha_phase_peak(
         nodes, index, output, batch, lambda n: n, S, alpha_rows, [0] * len(nodes),
         alpha_neurons or {}, pass_extra=extra,
-        keeps_weights=lambda node: node.name not in places)     # zone layers: _pass_extra
+        keeps_weights=lambda node: node.name not in places and keeper(node))  # zone: _pass_extra
     if got <= crown["peak_tracked_bytes"]:
         return crown
     return _result(resident, got, ("full-alpha-crown", output))
 
 
-def _pass_extra(nodes, index, places, splits, batch, R, start, path) -> int:
+def _pass_extra(nodes, index, places, splits, batch, R, start, path) -> tuple[dict, int]:
     """What tp's autograd functions keep in one differentiated pass of R rows (see
-    `_alpha_peak`): each zone layer's (transposed) weight slice past the start node, and the
-    largest reduction of a row layer's replicated A-matrix gradient."""
-    kept, back = 0, 0
+    `_alpha_peak`): ({zone layer past the start node: its (transposed) weight slice, saved at
+    its step}, the largest reduction of a row layer's replicated A-matrix gradient, at the
+    pass's backward)."""
+    kept, back = {}, 0
     for name in path:
         place = places.get(name)
         if place is None or name == start:
             continue
         node = nodes[index[name]]
         if place.role in ("column", "row"):
-            kept += math.prod(node.weight_shape) * F32
+            kept[name] = math.prod(node.weight_shape) * F32
         if place.role == "row":
             back = max(back, splits[name].collective(batch * R * math.prod(node.shape)))
-    return kept + back
+    return kept, back
 
 
 def network_places(network) -> tuple[list[NodeShape], dict]:

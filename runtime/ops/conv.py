@@ -5,6 +5,8 @@ ordered matmul so that it follows the program's summation order."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -202,7 +204,7 @@ class Conv2d(Op):
         L = Ho * Wo
         grad = grad.contiguous()
         out = grad.new_empty((N, L, Cout))
-        step = max(1, IM2COL_CHUNK // max(1, L * C_in * kh * kw))
+        step = max(1, IM2COL_CHUNK // max(1, L * self._contracted_channels(C_in) * kh * kw))
         weights = self._group_weights_cm(w)
         for n0 in range(0, N, step):
             g = grad[n0:n0 + step]
@@ -214,8 +216,20 @@ class Conv2d(Op):
             for gi, wg in enumerate(weights):
                 part = cols[..., gi * cin_g * kh * kw:(gi + 1) * cin_g * kh * kw].contiguous()
                 out[n0:n0 + step, :, gi * out_per_group:(gi + 1) * out_per_group] = \
-                    contract.matmul(part, wg, self.order)
+                    self._cin_product(part, wg, kh * kw)
         return out.transpose(1, 2).reshape(N, Cout, Ho, Wo)
+
+    # Hooks for tp's row conv, whose gradient contraction over input channels is Partial.
+    def _contracted_channels(self, C_in: int) -> int:
+        """The input channels the gradient's contraction spans (its chunks of rows follow
+        them: tp's row conv, holding a slice, chunks as the whole layer so that every rank
+        joins the same reductions)."""
+        return C_in
+
+    def _cin_product(self, cols, w_rows, taps: int):
+        """cols (N, L, C_in*taps) @ w_rows.T, channel-major: the gradient's contraction over
+        input channels and kernel taps."""
+        return contract.matmul(cols, w_rows, self.order)
 
     def _group_weights_cm(self, w):
         """Per group, its weights (out_per_group, cin_g*kh*kw) channel-major, contiguous: the
@@ -224,8 +238,9 @@ class Conv2d(Op):
         def rows():
             G = self.groups
             out_per_group = w.shape[0] // G
+            per_row = math.prod(w.shape[1:])        # explicit: a tp rank may hold none
             return [w[g * out_per_group:(g + 1) * out_per_group].reshape(
-                        out_per_group, -1).contiguous() for g in range(G)]
+                        out_per_group, per_row).contiguous() for g in range(G)]
         if not isinstance(self.params.get("weight"), torch.Tensor):
             return rows()
         return self.memo("_weights_rows_memo").get((w,), rows)

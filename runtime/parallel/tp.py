@@ -255,7 +255,14 @@ class RowConv(ZoneOp, Conv2d):
         return y + b.reshape(1, b.numel(), 1, 1) if b is not None else y.contiguous()
 
     def backward_linear(self, A):
-        if self.red.local and not A.requires_grad:
+        """A (replicated) -> the A of this rank's input channels; the bias is replicated.
+        Under the ordered summations alpha-CROWN differentiates through Conv2d's own step
+        (`conv._OrderedTransposedConv`), whose gradient w.r.t. the replicated A contracts
+        over input channels x taps: here that product is Partial (`_cin_product`), reduced in
+        `blocked`'s pair tree, so the gradient has single mode's bits for any P (summing
+        every rank's part in rank order broke the tree from 4 owning ranks on). `fast` sums
+        the ranks' parts in rank order (`local_of_replicated`)."""
+        if self.order != "fast" or (self.red.local and not A.requires_grad):
             return super().backward_linear(A)
         B, S = self._rows(A)
 
@@ -264,8 +271,7 @@ class RowConv(ZoneOp, Conv2d):
                 return a.new_zeros((B, S, *self.in_shapes[0]))
             return Conv2d.backward_linear(self, a)[0][0]
 
-        # alpha-CROWN differentiates through A_in: the gradient w.r.t. the replicated A sums
-        # every rank's part (a rank without channels still joins that reduction).
+        # a rank without channels still joins the gradient's reduction
         A_in = local_of_replicated(self.red, A, my_channels)
         b = self.param("bias")
         if b is None:
@@ -273,6 +279,17 @@ class RowConv(ZoneOp, Conv2d):
         Cout, Ho, Wo = self.shape
         per_channel = contract.sum_last(A.reshape(B, S, Cout, Ho * Wo), self.order)
         return [A_in], contract.dot_last(per_channel, b, self.order)
+
+    def _backward_im2col(self, A_flat, w, out_hw, offset=(0, 0)):
+        if not self.red.local:              # no channels on this rank
+            return A_flat.new_zeros((A_flat.shape[0], 0, *out_hw))
+        return super()._backward_im2col(A_flat, w, out_hw, offset)
+
+    def _contracted_channels(self, C_in):
+        return self.tp_channels
+
+    def _cin_product(self, cols, w_rows, taps):
+        return self.red.reduce_matmul(cols, w_rows, taps)
 
 
 # Layers split on their output (column) or input (row) channels have kernels of their own:

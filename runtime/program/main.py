@@ -207,7 +207,8 @@ def predicted_peak(verifier, comm, method: str, lb) -> int | None:
                         shard_rows=net.rows.enabled if fsdp else None, method=method,
                         stream_chunk_bytes=stream_chunk_bytes(verifier.plan),
                         crown_rows=net.bounded_rows, row_tile=net.row_tile,
-                        alpha_rows=net.alpha_rows, alpha_neurons=net.alpha_neurons)
+                        alpha_rows=net.alpha_rows, alpha_neurons=net.alpha_neurons,
+                        order=net.order)
     return pred["peak_tracked_bytes"]
 
 
