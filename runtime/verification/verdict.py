@@ -243,8 +243,11 @@ class _CaseRunner:
             prior = self._rig_prior or self.root_certificate()[1]
 
         def certify(los, his, splits=None, lagrangian=None, cuts=None):
+            # with beta-CROWN's parameters, plain CROWN too: where no iterate beat the
+            # float32 CROWN floor, the kept ones are the warm start, not what proved the row
             ok = self.rig.refuted(los, his, self.C64, self.d, self.owner, self.n_conj, splits,
-                                  lagrangian, prior=prior, cuts=cuts)
+                                  lagrangian, prior=prior, cuts=cuts,
+                                  both=lagrangian is not None)
             # every rank closes the same domains (float64 bits could differ across ranks
             # only on different machines; one collective makes it certain)
             not_ok = self.comm.all_reduce_max((~ok).to(torch.float32)) > 0
