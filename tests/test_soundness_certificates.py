@@ -168,3 +168,39 @@ def test_interval_split_leaves_are_certified_with_their_intervals(nets):
     res = relu_split(net, C, d, owner, lo, hi, time.monotonic() + 20, lambda f: f,
                      lambda xs: None, root_prior=prior, certify=certify, attack_domains=0)
     assert res.verdict == "unsat" and any(seen), (res, seen)
+
+
+def test_leaves_the_certificate_refuses_are_split_again_never_counted(nets):
+    """relu_split under a certifier that refuses what the float32 engine proves: a refused
+    leaf stays open and is split further (refusing the first round's leaves costs more
+    domains than accepting them, and still ends unsat once the certifier accepts), and
+    refusing every leaf never gives unsat nor any proved share (issue 17)."""
+    from shardbound.runtime.engine.full_alpha import root_bounds
+    from shardbound.runtime.verification.relu_split import relu_split
+    from shardbound.runtime.verification.spec import outward_box
+
+    net = nets["relu"].network
+    lo, hi = outward_box(-EPS * np.ones(20), EPS * np.ones(20))
+    C = torch.tensor(ROW[None], dtype=torch.float32)
+    with torch.no_grad():
+        cache = net.intermediate_bounds(lo[None], hi[None])
+    lb, prior = root_bounds(net, lo[None], hi[None], C, cache)
+    d, owner = np.array([float(lb) + 0.005]), np.array([0])      # needs branch and bound
+
+    def run(refuse):
+        calls = []
+
+        def certify(los, his, splits=None, lagrangian=None, cuts=None):
+            calls.append(len(los))
+            return torch.full((len(los),), not refuse(len(calls)), dtype=torch.bool)
+        res = relu_split(net, C, d, owner, lo, hi, time.monotonic() + 600, lambda f: f,
+                         lambda xs: None, root_prior=prior, certify=certify,
+                         attack_domains=0, stop=lambda: len(calls) >= 40)
+        return res, calls
+
+    accepted, _ = run(lambda k: False)
+    refused_first, calls = run(lambda k: k == 1)
+    assert accepted.verdict == refused_first.verdict == "unsat"
+    assert refused_first.domains > accepted.domains and len(calls) >= 2
+    never, calls = run(lambda k: True)
+    assert never.verdict != "unsat" and never.verified_fraction == 0.0 and len(calls) >= 40

@@ -30,6 +30,7 @@ the bounds are returned unchanged.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -44,10 +45,13 @@ MAX_OBJECTIVES = 1024    # per target node (2 per unstable neuron): larger nodes
 
 
 def refine_by_splits(network, lower, upper, known: dict, rounds: int | None = None,
-                     iterations: int | None = None, stop=None) -> dict:
+                     iterations: int | None = None, stop=None, leaves: list | None = None
+                     ) -> dict:
     """A copy of `known` (planned bounds on the single box lower/upper, batch 1) with the
     unstable neurons of every target node tightened (see the module docstring); `rounds`
-    and `iterations` default to ROUNDS and ITERATIONS."""
+    and `iterations` default to ROUNDS and ITERATIONS. `leaves`: a list that receives, per
+    target node in order, its final leaves (`RefineLeaves`: what --soundness real/float32
+    re-evaluates rigorously, runtime/rigorous/refine.py)."""
     rounds = ROUNDS if rounds is None else rounds
     iterations = ITERATIONS if iterations is None else iterations
     out = dict(known)
@@ -57,7 +61,7 @@ def refine_by_splits(network, lower, upper, known: dict, rounds: int | None = No
         if stop is not None and stop():
             break
         out[node.name] = _refine_node(network, node, before, lower, upper, out, rounds,
-                                      iterations, stop)
+                                      iterations, stop, leaves)
     return out
 
 
@@ -98,7 +102,28 @@ def _unstable(bounds) -> torch.Tensor:
     return torch.nonzero(((lo < 0) & (hi > 0)).reshape(-1)).reshape(-1)
 
 
-def _refine_node(network, node, before, lower, upper, known, rounds, iterations, stop):
+@dataclass
+class RefineLeaves:
+    """One target node's final leaves: leaf i bounds sign[obj[i]] * z_{j[obj[i]]} of `node`
+    on the sign assignment `assign[i]` (over `cand`, the unstable neurons of the split nodes
+    `names`, flattened at `offsets`), with the relaxation parameters and split multipliers
+    `params` (ALPHA_KEY + op / BETA_KEY + split node -> (L, 1, ...): those behind the leaf's
+    bound, its own best iterate's or, where none beat its parent's bound, the parent's).
+    Objectives 0..k-1 are the lower bounds of z_j, k..2k-1 the negated upper bounds. The
+    leaves of an objective cover the box, so the lowest of their bounds, by any sound
+    evaluation of these parameters, bounds the objective."""
+    node: str
+    j: torch.Tensor
+    obj: torch.Tensor
+    assign: torch.Tensor
+    names: list
+    cand: list
+    offsets: list
+    params: dict
+
+
+def _refine_node(network, node, before, lower, upper, known, rounds, iterations, stop,
+                 leaves=None):
     lo, hi = known[node.name]
     j = _unstable((lo, hi))
     # Candidates: the unstable neurons of the split nodes before `node`, flattened in order.
@@ -116,9 +141,11 @@ def _refine_node(network, node, before, lower, upper, known, rounds, iterations,
     # Leaves: objective, assignment over the K candidates, bound, next candidate to split.
     leaf_obj = torch.arange(2 * k)
     leaf_assign = torch.zeros(2 * k, offsets[-1], dtype=torch.int8)
+    best_of = None if leaves is None else {}       # per leaf, the parameters behind its bound
     bound, nxt, params = _bound_leaves(network, node, before, names, cand, offsets, lower,
                                        upper, known, obj_j[leaf_obj], obj_sign[leaf_obj],
-                                       leaf_assign, start[leaf_obj], ROOT_ITERATIONS)
+                                       leaf_assign, start[leaf_obj], ROOT_ITERATIONS,
+                                       best_out=best_of)
     for _ in range(rounds):
         if stop is not None and stop():
             break
@@ -137,18 +164,27 @@ def _refine_node(network, node, before, lower, upper, known, rounds, iterations,
         c_obj = torch.cat([leaf_obj[sel], leaf_obj[sel]])
         c_assign = torch.cat([plus, minus])
         warm = {nm: torch.cat([t[sel], t[sel]]) for nm, t in params.items()}
+        c_best = None
+        if best_of is not None:
+            c_best = {nm: torch.cat([t[sel], t[sel]]) for nm, t in best_of.items()}
         c_bound, c_nxt, c_params = _bound_leaves(network, node, before, names, cand, offsets,
                                                  lower, upper, known, obj_j[c_obj],
                                                  obj_sign[c_obj], c_assign,
                                                  torch.cat([bound[sel], bound[sel]]),
-                                                 iterations, warm)
+                                                 iterations, warm, best_out=c_best)
         keep = torch.ones(len(leaf_obj), dtype=torch.bool)
         keep[sel] = False
         params = {nm: torch.cat([t[keep], c_params[nm]]) for nm, t in params.items()}
+        if best_of is not None:
+            best_of = {nm: torch.cat([t[keep], c_best[nm]]) for nm, t in best_of.items()}
         leaf_obj = torch.cat([leaf_obj[keep], c_obj])
         leaf_assign = torch.cat([leaf_assign[keep], c_assign])
         bound = torch.cat([bound[keep], c_bound])
         nxt = torch.cat([nxt[keep], c_nxt])
+    if leaves is not None:
+        leaves.append(RefineLeaves(node.name, j.cpu(), leaf_obj, leaf_assign, names,
+                                   [c.cpu() for c in cand], offsets,
+                                   best_of))
     # Each objective's bound: its lowest leaf (the leaves cover the box).
     best = torch.full((2 * k,), math.inf, dtype=torch.float64)
     best = best.scatter_reduce(0, leaf_obj, bound, reduce="amin")
@@ -173,7 +209,7 @@ def _worst_leaves(leaf_obj, bound, n_obj) -> torch.Tensor:
 
 
 def _bound_leaves(network, node, before, names, cand, offsets, lower, upper, known, jj, sign,
-                  assign, floor, iterations, warm=None):
+                  assign, floor, iterations, warm=None, best_out=None):
     """(bounds (L,) float64 of sign * z_jj on each leaf, at least `floor` (a bound that holds
     on it: its parent's); the next candidate to split per leaf, -1 when all are assigned;
     the leaves' alphas and betas after the optimisation, {name: (L, 1, *shape)}, which
@@ -231,10 +267,28 @@ def _bound_leaves(network, node, before, names, cand, offsets, lower, upper, kno
 
     groups = [alpha_group(network, alphas, LR_ALPHA),
               ParamGroup(list(betas.values()), LR_BETA, project)]
+    keep = None
+    if best_out is not None:
+        keep = {**{ALPHA_KEY + k: a for k, a in alphas.items()},
+                **{BETA_KEY + k: b for k, b in betas.items()}}
+    floor32 = floor.to(lower.dtype).to(dev).reshape(L, 1)
     with torch.no_grad():
-        value = maximise(objective, groups, iterations,
-                         start=floor.to(lower.dtype).to(dev).reshape(L, 1))
+        value = maximise(objective, groups, iterations, start=floor32, keep=keep)
     bound = torch.maximum(value.reshape(L).cpu().double(), floor)
+    if best_out is not None:
+        # Per leaf, the parameters behind its bound: the best iterate's, or where none beat
+        # the floor, those behind the floor (`best_out` as given: the parent's; at the root,
+        # the starting ones). Only bookkeeping: the bounds are the same bits without it.
+        from_floor = (value.reshape(L) <= floor32.reshape(L)).cpu()
+        got = {}
+        for k, t in keep.items():
+            t = t.detach()
+            if k in best_out:
+                w = from_floor.to(t.device).reshape(L, *([1] * (t.dim() - 1)))
+                t = torch.where(w, best_out[k].to(t.device), t)
+            got[k] = t
+        best_out.clear()
+        best_out.update(got)
     # BaBSR's next split per leaf: |A| at the split node times the upper-line intercept, over
     # the candidates not yet assigned (the op's branch_slack is 0 where the clamp made the
     # neuron stable).

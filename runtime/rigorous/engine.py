@@ -250,6 +250,17 @@ class RigorousBounds:
             new_h[:, rows] = torch.minimum(new_h[:, rows], -c[:, r:])
         return new_l.reshape(l.shape), new_h.reshape(h.shape)
 
+    def f32_deltas(self, bounds) -> None:
+        """float32 mode: each node's evaluation allowance from `bounds` (node -> (lower,
+        upper)), what `_backward` charges, as `all_bounds` sets it; real mode: none read."""
+        self._delta = {}
+        for n in self.nodes:
+            if not self.float32 or not n.inputs or n.name not in bounds:
+                self._delta[n.name] = None
+                continue
+            mags = [torch.maximum(bounds[i][0].abs(), bounds[i][1].abs()) for i in n.inputs]
+            self._delta[n.name] = n.f32_delta(mags, bounds[n.name])
+
     @staticmethod
     def _restrict(name, bound, prior, splits, cuts):
         """A node's bounds intersected with what is known to hold on the domain: `prior`

@@ -77,6 +77,7 @@ class _CaseRunner:
         self._box_bounds = None      # the rigorous bounds of every node over it, once
         self._replay = None          # full alpha-CROWN's parameters, for the root certificate
         self._root = None            # (proved, rigorous bounds of every node) on the whole box
+        self._rig_prior = None       # those bounds after split refinement (rigorous/refine.py)
         self.case = case
         self.budget = budget
         self.deadline = budget.deadline if budget.deadline is not None else float("inf")
@@ -235,11 +236,16 @@ class _CaseRunner:
         None), with the root certificate's bounds as the prior; None in default mode."""
         if not self.rigorous:
             return None
-        prior = self.root_certificate()[1] if self._replay is not None else None
+        prior = None
+        if self._replay is not None:
+            prior = self._rig_prior or self.root_certificate()[1]
 
         def certify(los, his, splits=None, lagrangian=None, cuts=None):
+            # with beta-CROWN's parameters, plain CROWN too: where no iterate beat the
+            # float32 CROWN floor, the kept ones are the warm start, not what proved the row
             ok = self.rig.refuted(los, his, self.C64, self.d, self.owner, self.n_conj, splits,
-                                  lagrangian, prior=prior, cuts=cuts)
+                                  lagrangian, prior=prior, cuts=cuts,
+                                  both=lagrangian is not None)
             # every rank closes the same domains (float64 bits could differ across ranks
             # only on different machines; one collective makes it certain)
             not_ok = self.comm.all_reduce_max((~ok).to(torch.float32)) > 0
@@ -282,8 +288,17 @@ class _CaseRunner:
         self.start("split-refine")
         until = time.monotonic() + REFINE_SHARE * self.budget.remaining()
         stop = lambda: self.budget.expired() or self.agree(time.monotonic() > until)  # noqa
+        leaves = [] if self.rigorous and self._replay is not None else None
         with torch.no_grad():
-            return refine_by_splits(self.net, lo, hi, known, stop=stop)
+            refined = refine_by_splits(self.net, lo, hi, known, stop=stop, leaves=leaves)
+            if leaves:
+                # the certificates' prior: the same refinement, re-evaluated rigorously
+                from shardbound.runtime.rigorous.refine import refined_bounds
+
+                self._rig_prior = refined_bounds(self.rig, self.root_certificate()[1],
+                                                 *self._rigorous_box(), leaves,
+                                                 check=self.budget.check)
+        return refined
 
     def milp_refute(self, lo, hi, prior, lb, tree=None):
         """The MILP stage (runtime/verification/milp.py) on the conjunctions the root bounds
