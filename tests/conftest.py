@@ -26,19 +26,27 @@ def shared_path(*parts) -> str:
     return path
 
 
-def compile_zoo_in(directory, name, seed=0, **options):
-    """zoo model `name` saved and compiled under `directory` (a pathlib.Path), loaded:
-    (verifier, onnx model, model path). Module fixtures call it with their own folder."""
+def compile_onnx_in(directory, model, name="m", **options):
+    """onnx `model` saved as `directory`/`name`.onnx and compiled beside it with the pass
+    options given, loaded: (verifier, model path). Module fixtures call it with their own
+    folder (a pathlib.Path)."""
     from shardbound.compiler.driver import compile_model
     from shardbound.passes.manager import PassOptions
     from shardbound.runtime import load
 
-    model, _ = zoo.build(name, seed)
     path = directory / f"{name}.onnx"
     onnx.save(model, path)
     out = directory / f"{name}_prog"
     compile_model(str(path), str(out), PassOptions(**options))
-    return load(str(out)), model, str(path)
+    return load(str(out)), str(path)
+
+
+def compile_zoo_in(directory, name, seed=0, **options):
+    """zoo model `name` saved and compiled under `directory` (a pathlib.Path), loaded:
+    (verifier, onnx model, model path). Module fixtures call it with their own folder."""
+    model, _ = zoo.build(name, seed)
+    verifier, path = compile_onnx_in(directory, model, name, **options)
+    return verifier, model, path
 
 
 @pytest.fixture

@@ -6,25 +6,18 @@ beta-CROWN's warm-started betas (runtime/engine/beta.py) stay sound from any sta
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
 import torch
 
 import zoo
-from conftest import random_box
+from conftest import compile_onnx_in, random_box
 from soundness import assert_sound, node_values
 
 
 @pytest.fixture(scope="module")
 def mlp(tmp_path_factory):
-    from shardbound.compiler.driver import compile_model
-    from shardbound.passes.manager import PassOptions
-    from shardbound.runtime import load
-
-    tmp = tmp_path_factory.mktemp("split_refine")
-    onnx.save(zoo.mlp(np.random.default_rng(2), sizes=(6, 24, 24, 24, 3))[0], tmp / "m.onnx")
-    compile_model(str(tmp / "m.onnx"), str(tmp / "prog"), PassOptions(summation="fast"))
-    return load(str(tmp / "prog")).network
+    model = zoo.mlp(np.random.default_rng(2), sizes=(6, 24, 24, 24, 3))[0]
+    return compile_onnx_in(tmp_path_factory.mktemp("split_refine"), model, summation="fast")[0].network
 
 
 def _unstable(known):
