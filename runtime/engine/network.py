@@ -30,10 +30,10 @@ from typing import Sequence
 
 import torch
 
-from shardbound.runtime.numerics import contract
 from shardbound.runtime.errors import ShardboundError
 from shardbound.runtime.accounting.guard import check_budget
 from shardbound.runtime.accounting.ledger import MemoryLedger, tensor_bytes
+from shardbound.runtime.engine.box_terms import box_terms
 from shardbound.runtime.engine.interval_helpers import (StorageBytes, expand_rows, intersect,
                                                         interval_matvec, vacuous_nan)
 from shardbound.runtime.ops import Bounds, Op
@@ -41,7 +41,6 @@ from shardbound.runtime.ops.patches import Patches, SparseAlpha, WindowAlpha, de
 from shardbound.runtime.parallel.rows import RowSplit, unit_rows
 
 METHODS = ("ibp", "crown", "alpha-crown", "full-alpha-crown")
-SMALL_BOX_TERMS = 1 << 20       # A-matrix elements up to which both box terms share a call
 
 
 class Network:
@@ -538,33 +537,8 @@ class Network:
         return mid - spread if lower_side else mid + spread
 
     def _box_terms(self, A, lower, upper) -> Bounds:
-        """(A.center, |A|.radius) per row. Rows in patches form meet the box at their windows
-        (`fast`) or go dense first (the ordered summations sum over the whole input). Under
-        the ordered summations a small A takes both terms from one kernel call (each value
-        depends on its two vectors alone, so the bits are those of two calls)."""
-        if isinstance(A, Patches):
-            if self.order != "fast":
-                both = A.dense_map(lambda rows: torch.stack(
-                    self._box_terms(rows, lower, upper), dim=-1))
-                return both[..., 0], both[..., 1]
-            else:
-                B, S = A.shape[:2]
-                center, radius = A.gather_many([((upper + lower) / 2).unsqueeze(1),
-                                                ((upper - lower) / 2).unsqueeze(1)])
-                return (contract.dot_last(A.flat(), center.reshape(B, S, -1), self.order),
-                        contract.dot_last(A.flat().abs(), radius.reshape(B, S, -1), self.order))
-        B, S = A.shape[:2]
-        K = math.prod(A.shape[2:])
-        flat = A.reshape(B, S, K)
-        center = ((upper + lower) / 2).reshape(B, 1, -1)
-        radius = ((upper - lower) / 2).reshape(B, 1, -1)
-        if self.order != "fast" and B == 1 and 0 < S * K <= SMALL_BOX_TERMS and \
-                not flat.requires_grad:
-            both = contract.matmul(torch.cat([flat[0], flat[0].abs()]),
-                                   torch.cat([center[0], radius[0]]), self.order)
-            return both[:S, 0].unsqueeze(0), both[S:, 1].unsqueeze(0)
-        return (contract.dot_last(flat, center, self.order),
-                contract.dot_last(flat.abs(), radius, self.order))
+        """(A.center, |A|.radius) per row in this network's summation order (box_terms.py)."""
+        return box_terms(A, lower, upper, self.order)
 
     def _spec_matrix(self, C, B: int) -> torch.Tensor:
         out = math.prod(self.output_shape)
