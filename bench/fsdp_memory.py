@@ -102,9 +102,11 @@ def build_cnn(rng):
 
 # ----------------------------------------------------------------------------- runs
 
-def prepare(kind: str, widths: str, mdir: str, seed: int, eps: float) -> None:
+def prepare(kind: str, widths: str, mdir: str, seed: int, eps: float, chunk_kib: int = 0) -> None:
     """In a child process: build the ONNX model, compile it as single, fsdp and fsdp-fast,
-    write the box and meta.json (total weight bytes)."""
+    write the box and meta.json (total weight bytes). chunk_kib > 0: fsdp streams its linear
+    weights in chunks of at most that many KiB (compile's --stream-chunk-kib) instead of the
+    default 4 MiB: less gathered at once, more and smaller collectives."""
     import numpy as np
     import onnx
     from safetensors import safe_open
@@ -121,7 +123,8 @@ def prepare(kind: str, widths: str, mdir: str, seed: int, eps: float) -> None:
     onnx.save(model, onnx_path)
     del model
     options = {"single": PassOptions(mode="single", method="crown"),
-               "fsdp": PassOptions(mode="fsdp", method="crown"),
+               "fsdp": PassOptions(mode="fsdp", method="crown",
+                                   **({"stream_chunk_bytes": chunk_kib * 1024} if chunk_kib else {})),
                "fsdp-fast": PassOptions(mode="fsdp", method="crown", summation="fast")}
     for name in COMPILES:
         compile_model(onnx_path, os.path.join(mdir, name), options[name])
@@ -170,7 +173,8 @@ def ensure_model(kind, widths, args, work, prepared) -> tuple[str, int]:
         print(f"# {model_desc(kind, widths)}: building and compiling ...", file=sys.stderr,
               flush=True)
         subprocess.run([sys.executable, os.path.abspath(__file__), "--prepare", kind, widths,
-                        mdir, "--seed", str(args.seed), "--eps", str(args.eps)], check=True)
+                        mdir, "--seed", str(args.seed), "--eps", str(args.eps),
+                        "--stream-chunk-kib", str(args.stream_chunk_kib)], check=True)
         with open(os.path.join(mdir, "meta.json"), encoding="utf-8") as f:
             prepared[key] = json.load(f)["weight_bytes"]
     return mdir, prepared[key]
@@ -262,13 +266,17 @@ def main(argv=None) -> None:
     parser.add_argument("--models", default="mlp,cnn", help="comma list of mlp, cnn")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eps", type=float, default=0.01, help="box radius (default 0.01)")
+    parser.add_argument("--stream-chunk-kib", type=int, default=0,
+                        help="fsdp (blocked) streams linear weights in chunks of at most KIB "
+                             "KiB (default 0: compile's default, 4 MiB)")
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="collective timeout of each run in seconds (default 900)")
     parser.add_argument("--prepare", nargs=3, metavar=("KIND", "WIDTHS", "DIR"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     if args.prepare:
-        prepare(args.prepare[0], args.prepare[1], args.prepare[2], args.seed, args.eps)
+        prepare(args.prepare[0], args.prepare[1], args.prepare[2], args.seed, args.eps,
+                args.stream_chunk_kib)
         return
 
     def methods(text):
@@ -293,7 +301,9 @@ def main(argv=None) -> None:
             tables.append((m, widths if m == "mlp" else "", method))
 
     print(f"# shardbound fsdp memory benchmark: threads 1, nprocs {args.nprocs} + fsdp fast P=2, "
-          f"seed {args.seed}, eps {args.eps}, {os.cpu_count()} CPUs")
+          f"seed {args.seed}, eps {args.eps}, fsdp stream chunk "
+          f"{f'{args.stream_chunk_kib} KiB' if args.stream_chunk_kib else 'default (4 MiB)'}, "
+          f"{os.cpu_count()} CPUs")
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fsdp_memory_") as work:
         prepared = {}
