@@ -258,8 +258,7 @@ class RigorousBounds:
             if not self.float32 or not n.inputs or n.name not in bounds:
                 self._delta[n.name] = None
                 continue
-            mags = [torch.maximum(bounds[i][0].abs(), bounds[i][1].abs()) for i in n.inputs]
-            self._delta[n.name] = n.f32_delta(mags, bounds[n.name])
+            self._delta[n.name] = _f32_allowance(n, bounds)
 
     @staticmethod
     def _restrict(name, bound, prior, splits, cuts):
@@ -298,8 +297,7 @@ class RigorousBounds:
             ins = [bounds[i] for i in n.inputs]
             bounds[n.name] = n.ibp(ins, self.float32)
             if self.float32:
-                mags = [torch.maximum(a.abs(), b.abs()) for a, b in ins]
-                self._delta[n.name] = n.f32_delta(mags, bounds[n.name])
+                self._delta[n.name] = _f32_allowance(n, bounds)
             bounds[n.name] = self._restrict(n.name, bounds[n.name], prior, splits, cuts)
             if n.name in self.crown_nodes:
                 if check is not None:
@@ -381,3 +379,10 @@ def rigorous_box_bounds(verifier, lower, upper, soundness: str, lb, ub):
     l64, h64 = both[:, :m], -both[:, m:]
     l32, h32 = to_float32_outward(l64, h64)
     return l32.reshape(lb.shape), h32.reshape(ub.shape)
+
+
+def _f32_allowance(n, bounds):
+    """Node n's float32 evaluation allowance from the bounds (node -> (lower, upper)) of its
+    inputs and of its own output: what `_backward` charges in float32 mode."""
+    mags = [torch.maximum(bounds[i][0].abs(), bounds[i][1].abs()) for i in n.inputs]
+    return n.f32_delta(mags, bounds[n.name])
