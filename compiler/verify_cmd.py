@@ -19,9 +19,16 @@ import time
 
 from shardbound.options import RunOptions
 
-STOP_MARGIN = 0.5               # stages stop this long before --timeout: answer, write, exit
-WATCHDOG_GRACE_SINGLE = 1.0     # seconds past the deadline: in-process verify answers itself
-WATCHDOG_GRACE_RANKS = 1.8      # with ranks, the launcher kills them first (1 s) and answers
+# The verdict is out by --timeout S in every mode. The stages stop STOP_MARGIN before S; a
+# stage stuck inside one long torch call (a CROWN pass over a big conv layer) is answered
+# `timeout` by the watchdog, which fires ANSWER_HEADROOM before S in one process. With ranks
+# the launcher first kills ranks still running DEADLINE_GRACE (1 s) after the stage deadline
+# and answers, so the ranks' stages stop earlier (STOP_MARGIN_RANKS) and the watchdog, a
+# last backstop behind the launcher, waits for it (WATCHDOG_GRACE_RANKS).
+STOP_MARGIN = 0.5               # one process: stages stop this long before --timeout
+STOP_MARGIN_RANKS = 1.5         # ranks: room for the launcher's kill (1 s) before S
+ANSWER_HEADROOM = 0.1           # one process: the watchdog's answer lands this long before S
+WATCHDOG_GRACE_RANKS = 1.3      # ranks: past the stage deadline, after the launcher's kill
 
 
 def run_verify(args) -> int:
@@ -37,12 +44,22 @@ def run_verify(args) -> int:
     started_at = _given_start() or (
         time.time() - (0.0 if not interrupts.installed() else process_age()))
     nproc = args.nproc or 1
-    margin = min(STOP_MARGIN, args.timeout / 10)
-    deadline = VerifyDeadline.at_wall(started_at + args.timeout - margin)
-    grace = WATCHDOG_GRACE_SINGLE if nproc == 1 else WATCHDOG_GRACE_RANKS
     watchdog = None
-    if interrupts.installed():      # this process is the command (not a call from Python)
-        watchdog = interrupts.Deadline(deadline.monotonic, lambda: _late_answer(args, started_at), grace)
+
+    def budget_for(nproc):
+        """The stages' deadline for a job of `nproc` ranks, and its watchdog (replacing the
+        one before)."""
+        nonlocal watchdog
+        margin, grace = stop_margins(args.timeout, nproc)
+        deadline = VerifyDeadline.at_wall(started_at + args.timeout - margin)
+        if watchdog is not None:
+            watchdog.cancel()
+        if interrupts.installed():      # this process is the command (not a call from Python)
+            watchdog = interrupts.Deadline(deadline.monotonic,
+                                           lambda: _late_answer(args, started_at), grace)
+        return deadline
+
+    deadline = budget_for(nproc)
     tmp = tempfile.mkdtemp(prefix="shardbound-verify-")
 
     def remove_tmp():
@@ -57,6 +74,8 @@ def run_verify(args) -> int:
             from shardbound.runtime.program.loader import read_plan
 
             nproc = int(read_plan(out).get("nproc", 1))     # the planner's rank count
+            if nproc > 1:
+                deadline = budget_for(nproc)
         if deadline.remaining() <= 0:           # compilation used the whole budget
             answer_timeout(args.result, args.json, os.path.basename(args.property), started_at)
             return 0
@@ -80,6 +99,15 @@ def run_verify(args) -> int:
             watchdog.cancel()
         interrupts.remove_cleanup(remove_tmp)
         remove_tmp()
+
+
+def stop_margins(timeout: float, nproc: int) -> tuple[float, float]:
+    """(how long before `timeout` the stages stop, how long after that the watchdog answers)
+    for a job of `nproc` ranks. Short timeouts stop at most a tenth early."""
+    if nproc <= 1:
+        margin = min(STOP_MARGIN, timeout / 10)
+        return margin, max(0.0, margin - ANSWER_HEADROOM)
+    return min(STOP_MARGIN_RANKS, timeout / 10), WATCHDOG_GRACE_RANKS
 
 
 def _given_start() -> float | None:

@@ -153,16 +153,16 @@ def _timeout_command(model, prop, tmp_path, timeout):
 def _assert_answered_at_the_budget(result, report, started, timeout):
     """`timeout` in the result file and the report; the result written (its mtime, from
     `started`, a time.time() taken before the command's process began) no earlier than the
-    budget less the stop margin, and well before a run that ignored its budget would have
-    ended (the property needs far more than HANG_GUARD s)."""
-    from shardbound.compiler.verify_cmd import STOP_MARGIN
+    budget less the stop margin of a 2-rank job (`_timeout_command`'s), and well before a run
+    that ignored its budget would have ended (the property needs far more than HANG_GUARD s)."""
+    from shardbound.compiler.verify_cmd import stop_margins
 
     assert open(result).read().split()[0] == "timeout"
     with open(report, encoding="utf-8") as f:
         data = json.load(f)
     assert data["verdict"] == "timeout", data
     at = os.stat(result).st_mtime - started
-    assert timeout - STOP_MARGIN <= at < 2 * timeout, at
+    assert timeout - stop_margins(timeout, 2)[0] <= at < 2 * timeout, at
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc")
