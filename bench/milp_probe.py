@@ -32,41 +32,80 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from split_refine import _instance, _unstable, _violation  # noqa: E402
+from bab_rate import violation_check as _violation  # noqa: E402
+from split_refine import _instance, _unstable  # noqa: E402
 
 
 def _layers(net):
-    """The Linear nodes' names in order, checking the net is Linear/ReLU only."""
+    """[(name, W, b)] of the Linear nodes in order, checking the net is Linear/ReLU only."""
     out = []
     for n in net.nodes:
         if n.kind == "linear":
-            out.append(n.name)
+            w, b = (n.params[k].detach().double().numpy() for k in ("weight", "bias"))
+            out.append((n.name, w, b))
         elif n.kind not in ("input", "reshape", "relu"):
             sys.exit(f"milp_probe: {n.name} is a {n.kind}; only Linear/ReLU chains are probed")
     return out
 
 
-# HiGHS's own defaults for what verify's OPTIONS turn off: the probe solves to a gap and
-# wants incumbents (its "best" column), which the heuristics find
-PROBE_OPTIONS = (("mip_rel_gap", 1e-4), ("mip_heuristic_effort", 0.05),
-                 ("mip_heuristic_run_feasibility_jump", True), ("mip_heuristic_run_rins", True),
-                 ("mip_heuristic_run_rens", True), ("mip_heuristic_run_root_reduced_cost", True))
-
-
 class Mip:
-    """verify's MILP model (`milp._Model`: x in the box, z = W a + b per layer with the bounds
-    given, a = relu(z)) with a choice per ReLU layer: "binary" (exact big-M) or "triangle"
-    (its LP relaxation). All triangles is an LP, solved with presolve off (its dual simplex
-    cycled with it); `lp` says it is one."""
+    """x in the box, then per hidden layer z = W a + b with the bounds given and a = relu(z):
+    exact for stable neurons, the triangle or (binary) the big-M encoding for unstable ones."""
 
-    def __init__(self, hs, net, box, bounds, encoding, lp=False):
-        from shardbound.runtime.verification import milp
-        self.lp = lp
-        prior = {k: tuple(torch.from_numpy(np.asarray(t)) for t in v) for k, v in bounds.items()}
-        options = (*PROBE_OPTIONS, ("presolve", "off" if self.lp else "on"))
-        m = milp._Model(hs, net, prior, *box, encoding=encoding, options=options)
-        self.h, self.z, self.out = m.h, m.z, m.out
-        self.n = m.n
+    def __init__(self, hs, lo, hi, layers, bounds, binary_upto):
+        self.hs = hs
+        self.h = h = hs.Highs()
+        for k, v in (("output_flag", False), ("threads", 1), ("random_seed", 0),
+                     ("mip_rel_gap", 1e-4), ("presolve", "on" if binary_upto else "off")):
+            h.setOptionValue(k, v)       # presolve off: the LPs' dual simplex cycled with it
+        self.lp = not binary_upto
+        self.n = 0
+        a = self._vars(lo, hi)
+        self.z = []
+        for i, (name, w, b) in enumerate(layers[:-1]):
+            l, u = bounds[name]
+            z = self._affine(w, b, a, l, u)
+            self.z.append(z)
+            if i == len(layers) - 2 and binary_upto == -1:
+                break
+            a = self._relu(z, l, u, binary=binary_upto == -1 or i < binary_upto)
+        self.last = a
+
+    def _vars(self, l, u, integer=False):
+        k = len(l)
+        self.h.addVars(k, np.asarray(l, float), np.asarray(u, float))
+        idx = np.arange(self.n, self.n + k, dtype=np.int32)
+        if integer:
+            self.h.changeColsIntegrality(k, idx, np.full(k, self.hs.HighsVarType.kInteger))
+        self.n += k
+        return idx
+
+    def _row(self, lo, up, idx, val):
+        self.h.addRow(lo, up, len(idx), np.asarray(idx, np.int32), np.asarray(val, float))
+
+    def _affine(self, w, b, a, l, u):
+        z = self._vars(l, u)
+        for j in range(w.shape[0]):
+            nz = np.nonzero(w[j])[0]
+            self._row(b[j], b[j], np.r_[z[j], a[nz]], np.r_[1.0, -w[j, nz]])
+        return z
+
+    def _relu(self, z, l, u, binary):
+        inf = self.hs.kHighsInf
+        a = self._vars(np.maximum(l, 0), np.maximum(u, 0))
+        for j in range(len(l)):
+            if l[j] >= 0:
+                self._row(0, 0, [a[j], z[j]], [1, -1])
+            elif u[j] > 0:
+                self._row(0, inf, [a[j], z[j]], [1, -1])                         # a >= z
+                if binary:
+                    (s,) = self._vars([0], [1], integer=True)
+                    self._row(-inf, -l[j], [a[j], z[j], s], [1, -1, -l[j]])      # a <= z - l(1-s)
+                    self._row(-inf, 0, [a[j], s], [1, -u[j]])                    # a <= u s
+                else:
+                    k = u[j] / (u[j] - l[j])
+                    self._row(-inf, -k * l[j], [a[j], z[j]], [1, -k])            # a <= k(z - l)
+        return a
 
     def minimise(self, idx, coef, const=0.0, cap=10.0):
         """(status, best solution's value, dual bound, CPU s) of min coef . v[idx] + const."""
@@ -115,43 +154,41 @@ def main(argv=None):
           f"margin {float(closeness(lb, d, owner, n_conj)[0]):.3f}; unstable: {_unstable(prior)}; "
           f"load {os.getloadavg()[0]:.1f}", flush=True)
     box = (lo.double().reshape(-1).numpy(), hi.double().reshape(-1).numpy())
-    last_name, n_hidden = layers[-2], len(layers) - 1
-    spec_w, spec_b = C.double().numpy(), -np.asarray(d, np.float64)
+    last_name, (w_out, b_out) = layers[-2][0], layers[-1][1:]
+    spec_w, spec_b = C.double().numpy() @ w_out, C.double().numpy() @ b_out
     l2, u2 = (x.copy() for x in bounds[last_name])
     unstable = np.nonzero((l2 < 0) & (u2 > 0))[0]
 
     def spec_rows(mip, cap):
         for r in range(len(spec_w)):
-            s, best, dual, t = mip.minimise(mip.out, spec_w[r], spec_b[r], cap)
+            s, best, dual, t = mip.minimise(mip.last, spec_w[r], spec_b[r] - float(d[r]), cap)
             print(f"    row {r}: {s}, best {best:.4f}, bound {dual:.4f}, {t:.1f} CPU s", flush=True)
 
     for run in args.runs.split(","):
         c0 = time.process_time()
         if run == "lp":
-            mip = Mip(hs, net, box, bounds, lambda k: "triangle", lp=True)
+            mip = Mip(hs, *box, layers, bounds, binary_upto=0)
             lo2, up2 = l2.copy(), u2.copy()
             for j in unstable:
-                lo2[j] = max(lo2[j], mip.minimise([mip.z[-2][j]], [1.0])[2])
-                up2[j] = min(up2[j], -mip.minimise([mip.z[-2][j]], [-1.0])[2])
+                lo2[j] = max(lo2[j], mip.minimise([mip.z[-1][j]], [1.0])[2])
+                up2[j] = min(up2[j], -mip.minimise([mip.z[-1][j]], [-1.0])[2])
             print(f"  lp: {last_name} {len(unstable)} unstable -> {int(((lo2 < 0) & (up2 > 0)).sum())}, "
                   f"mean width {np.mean(u2[unstable] - l2[unstable]):.4f} -> "
                   f"{np.mean(up2[unstable] - lo2[unstable]):.4f}; spec rows:")
             spec_rows(mip, args.cap)
         elif run == "layer":
-            # binaries up to the layer bounded; its own ReLU (and after) relaxed, which leaves
-            # every value of its z feasible
-            mip = Mip(hs, net, box, bounds, lambda k: "binary" if k < n_hidden - 1 else "triangle")
+            mip = Mip(hs, *box, layers, bounds, binary_upto=-1)
             for j in unstable:
                 if -l2[j] < u2[j]:
-                    l2[j] = max(l2[j], mip.minimise([mip.z[-2][j]], [1.0], cap=args.cap)[2])
+                    l2[j] = max(l2[j], mip.minimise([mip.z[-1][j]], [1.0], cap=args.cap)[2])
                 else:
-                    u2[j] = min(u2[j], -mip.minimise([mip.z[-2][j]], [-1.0], cap=args.cap)[2])
+                    u2[j] = min(u2[j], -mip.minimise([mip.z[-1][j]], [-1.0], cap=args.cap)[2])
             bounds[last_name] = (l2, u2)
             print(f"  layer: {last_name} {len(unstable)} unstable -> "
                   f"{int(((l2 < 0) & (u2 > 0)).sum())}")
         elif run == "spec":
             print("  spec MILP:")
-            spec_rows(Mip(hs, net, box, bounds, lambda k: "binary"), args.cap)
+            spec_rows(Mip(hs, *box, layers, bounds, binary_upto=len(layers)), args.cap)
         elif run == "refute":
             from shardbound.runtime.verification import milp
             n = int(owner.max()) + 1

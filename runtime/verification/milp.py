@@ -92,29 +92,18 @@ def encodable(net, prior) -> bool:
     return unstable <= MAX_BINARIES and weights <= MAX_WEIGHTS
 
 
-def _all_binary(relu_index: int) -> str:
-    return "binary"
-
-
 class _Model:
-    """The network over the box as HiGHS rows (float64 copies of the float32 parameters).
+    """The network over the box as HiGHS rows (float64 copies of the float32 parameters)."""
 
-    `encoding(k)` says how the k-th ReLU's unstable neurons are stated: "binary" (the exact
-    big-M encoding, verify's) or "triangle" (its LP relaxation; bench/milp_probe.py's LP and
-    per-layer experiments). `options` are set after OPTIONS, so they override them. `z` lists
-    the affine layers' output variables in order, `out` the network's."""
-
-    def __init__(self, hs, net, prior, lo, hi, encoding=_all_binary, options=()):
+    def __init__(self, hs, net, prior, lo, hi):
         self.hs = hs
         self.h = h = hs.Highs()
-        for k, v in (*OPTIONS, *options):
+        for k, v in OPTIONS:
             h.setOptionValue(k, v)
         self.n = 0
-        self.z = []
         self.inputs = cur = self._vars(lo, hi)
         # mag: a bound on |value| of every current variable (the margin's scale)
         self.mag = mag = np.maximum(np.abs(lo), np.abs(hi))
-        relus = 0
         for kind, node in _chain(net):
             if kind == "affine":
                 w = node.param("weight").detach().double().cpu().numpy()
@@ -128,10 +117,8 @@ class _Model:
                 else:
                     lower, upper = -mag, mag
                 cur = self._affine(w, b, cur, lower, upper)
-                self.z.append(cur)
             elif kind == "relu":
-                cur = self._relu(cur, lower, upper, encoding(relus))
-                relus += 1
+                cur = self._relu(cur, lower, upper)
         self.out, self.mag = cur, mag
 
     def _vars(self, lo, hi, integer=False):
@@ -160,29 +147,20 @@ class _Model:
         self._rows(b, b, idx, val)                      # z - W x = b
         return z
 
-    def _relu(self, z, lower, upper, encoding="binary"):
+    def _relu(self, z, lower, upper):
         inf = self.hs.kHighsInf
         a = self._vars(np.maximum(lower, 0), np.maximum(upper, 0))
         lo_r, up_r, idx, val = [], [], [], []
         for j in np.nonzero(lower >= 0)[0]:             # active: a = z
             lo_r.append(0.0); up_r.append(0.0); idx.append([a[j], z[j]]); val.append([1.0, -1.0])
         unstable = np.nonzero((lower < 0) & (upper > 0))[0]
-        if encoding == "triangle":                      # a >= z, a <= u (z - l) / (u - l)
-            for j in unstable:
-                l, u = float(lower[j]), float(upper[j])
-                k = u / (u - l)
-                lo_r += [0.0, -inf]
-                up_r += [inf, -k * l]
-                idx += [[a[j], z[j]], [a[j], z[j]]]
-                val += [[1.0, -1.0], [1.0, -k]]
-        else:
-            s = self._vars(np.zeros(len(unstable)), np.ones(len(unstable)), integer=True)
-            for k, j in enumerate(unstable):            # inactive ones: a in [0, 0] already
-                l, u = float(lower[j]), float(upper[j])
-                lo_r += [0.0, -inf, -inf]
-                up_r += [inf, -l, 0.0]
-                idx += [[a[j], z[j]], [a[j], z[j], s[k]], [a[j], s[k]]]
-                val += [[1.0, -1.0], [1.0, -1.0, -l], [1.0, -u]]  # a >= z, a <= z - l(1-s), a <= u s
+        s = self._vars(np.zeros(len(unstable)), np.ones(len(unstable)), integer=True)
+        for k, j in enumerate(unstable):                # inactive ones: a in [0, 0] already
+            l, u = float(lower[j]), float(upper[j])
+            lo_r += [0.0, -inf, -inf]
+            up_r += [inf, -l, 0.0]
+            idx += [[a[j], z[j]], [a[j], z[j], s[k]], [a[j], s[k]]]
+            val += [[1.0, -1.0], [1.0, -1.0, -l], [1.0, -u]]  # a >= z, a <= z - l(1-s), a <= u s
         if idx:
             self._rows(lo_r, up_r, idx, val)
         return a
