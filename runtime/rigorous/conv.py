@@ -1,6 +1,7 @@
 """Rigorous steps of the conv family: `conv2d` and `conv_transpose2d`, both as im2col matrix
-products and their adjoint (F.fold; windowed rows: the same columns added tap by tap), so
-every element is a dot product of a known number of terms (average pooling lowers to a
+products and their adjoint (conv_transpose2d, the flipped kernel's correlation or F.fold;
+windowed rows: the same columns added tap by tap), so every element is a dot product of a
+known number of terms (average pooling lowers to a
 depthwise conv2d and is covered here too)."""
 
 from __future__ import annotations
@@ -14,6 +15,23 @@ from shardbound.runtime.ops.conv import Conv2d, ConvTranspose2d, tap_range
 from shardbound.runtime.rigorous.core import (TINY, WeightedStep, down, gamma, rigorous_step,
                                               rowdot, up)
 from shardbound.runtime.rigorous.window import Win
+
+
+DIRECT = {"Slow2d", "SlowDilated2d", "SlowTranspose2d", "SlowDilatedTranspose2d"}
+
+
+def direct_backend(x, w, stride, padding, dilation, transposed, output_padding, groups) -> bool:
+    """Whether torch computes this float64 convolution directly: im2col (or col2im) and a
+    matrix product, each output a sum of its products (the backends in DIRECT; float64 on
+    the CPU has no other). Anything else, or a torch without the query: False (the caller
+    takes the F.fold route)."""
+    try:
+        got = torch._C._select_conv_backend(x, w, None, list(stride), list(padding),
+                                            list(dilation), transposed, list(output_padding),
+                                            groups, None)
+    except (AttributeError, TypeError, RuntimeError):
+        return False
+    return getattr(got, "name", str(got).split(".")[-1]) in DIRECT
 
 
 class ConvGeometry:
@@ -44,10 +62,69 @@ class ConvGeometry:
         return y.transpose(1, 2).reshape(x.shape[0], Cout, *self.blocks)
 
     def conv_back(self, A, w):
-        """A (N, Cout, h, w) with h, w <= blocks -> (N, C, *in_hw): the adjoint."""
+        """A (N, Cout, h, w) with h, w <= blocks -> (N, C, *in_hw): the adjoint. Every element
+        is the sum of the products A[o] w[o -> c] over the windows and taps that read it, at
+        most Cout kh kw of them (`fan_out`), in some order: what the error account charges
+        (core.WeightedStep.back: any order), so the adjoint is computed by whichever of
+        three routes rearranges less (`adjoint_route`); all three are products and sums
+        of the same terms, not fast-convolution transforms (Winograd, FFT), which the
+        account would not cover (`direct_backend` checks torch's choice)."""
         Lh, Lw = self.blocks
         if tuple(A.shape[2:]) != (Lh, Lw):
             A = F.pad(A, (0, Lw - A.shape[3], 0, Lh - A.shape[2]))
+        route = self.adjoint_route(A, w)
+        if route == "flip":
+            return self._back_flipped(A, w)
+        if route == "transpose":
+            return self._back_transposed(A, w)
+        return self._back_fold(A, w)
+
+    def adjoint_route(self, A, w) -> str:
+        """"flip" (stride 1: the correlation of A with the flipped, channel-swapped kernel;
+        im2col of A's Cout channels) where Cout <= C, else "transpose" (conv_transpose2d:
+        the im2col product, then col2im of C channels), "fold" (the same as "transpose",
+        written out) where torch would not compute either directly. Fixed by the shapes."""
+        C = w.shape[1] * self.groups
+        if self.strides == (1, 1) and w.shape[0] <= C:
+            wf = self._flipped(w)
+            ok = direct_backend(A, wf, (1, 1), (0, 0), self.dilations, False, (0, 0),
+                                self.groups)
+            if ok:
+                return "flip"
+        ok = direct_backend(A, w, tuple(self.strides), (0, 0), self.dilations, True,
+                            self._output_padding(), self.groups)
+        return "transpose" if ok else "fold"
+
+    def _flipped(self, w):
+        """w (Cout, C / G, kh, kw) as the kernel (C, Cout / G, kh, kw) of the adjoint
+        correlation: per group, channels swapped, taps reversed."""
+        Cout, cin_g, kh, kw = w.shape
+        G = self.groups
+        og = Cout // G
+        return (w.reshape(G, og, cin_g, kh, kw).transpose(1, 2)
+                .reshape(G * cin_g, og, kh, kw).flip(-2, -1))
+
+    def _output_padding(self):
+        """conv_transpose2d's extra rows / columns that reach the padded grid's last
+        positions (read by no window; less than the stride)."""
+        return tuple(P - ((L - 1) * s + d * (k - 1) + 1) for P, L, s, d, k in
+                     zip(self.padded, self.blocks, self.strides, self.dilations, self.kernel))
+
+    def _back_flipped(self, A, w):
+        (dh, dw), (kh, kw) = self.dilations, self.kernel
+        pt, pl, pb, pr = self.pads
+        eh, ew = dh * (kh - 1), dw * (kw - 1)
+        Ap = F.pad(A, (ew - pl, ew - pr, eh - pt, eh - pb))     # negative: a crop
+        return F.conv2d(Ap, self._flipped(w), dilation=self.dilations, groups=self.groups)
+
+    def _back_transposed(self, A, w):
+        out = F.conv_transpose2d(A, w, stride=self.strides, dilation=self.dilations,
+                                 groups=self.groups, output_padding=self._output_padding())
+        pt, pl = self.pads[0], self.pads[1]
+        H, W = self.in_hw
+        return out[:, :, pt:pt + H, pl:pl + W]
+
+    def _back_fold(self, A, w):
         N, Cout = A.shape[:2]
         G, k = self.groups, math.prod(w.shape[1:])
         og = Cout // G
