@@ -67,7 +67,10 @@ from shardbound.runtime.parallel.rows import unit_rows
 
 DEFAULT_ITERATIONS = 20
 DEFAULT_LR = 0.5
-DEFAULT_DECAY = 0.98                # per step (auto_LiRPA's defaults for its alpha-CROWN)
+DEFAULT_DECAY = 0.95                # per step: lr 0.5 -> 0.18 over 20 steps. auto_LiRPA's
+# 0.98 (-> 0.33) left Adam still jumping at the end; each row keeps its best value, so a
+# faster decay spends the last steps refining near it (bench/vs_autolirpa.py: tighter on
+# every spec row of every model than auto_LiRPA's 0.98, which it was not; README, issue 18)
 MAX_ALPHA_ELEMENTS = 1 << 25        # per start node, all ranks: 128 MiB of slopes
 
 
