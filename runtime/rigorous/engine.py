@@ -318,7 +318,8 @@ class RigorousBounds:
         (split node -> (B, S, *shape), >= 0; their split signs from `splits`). prior, cuts,
         node_alphas: see `all_bounds`. `both`: with a lagrangian, the plain CROWN pass too
         (each row keeps the larger; both hold). `bounds`: what `all_bounds` gave for these
-        boxes with the same arguments, reused (the CROWN stage's, verdict.py). The node
+        boxes with the same arguments (or tighter rigorous ones), reused (the CROWN stage's,
+        verdict.py; branch and bound's carried ones, certificate.py). The node
         bounds used are left in `self.last_bounds`."""
         lo = lo.to(DT).reshape(lo.shape[0], -1)
         hi = hi.to(DT).reshape(hi.shape[0], -1)
@@ -336,6 +337,8 @@ class RigorousBounds:
         with torch.no_grad():
             if bounds is None:
                 bounds = self.all_bounds(lo, hi, splits, prior, cuts, node_alphas)
+            else:       # float32: the allowances of these bounds, not the last call's
+                self.f32_deltas(bounds)
             self.last_bounds = bounds
             L0 = C.unsqueeze(0).expand(B, -1, -1).reshape(B, C.shape[0], *self.output.shape)
             lb = self._backward(self.output.name, L0, bounds, lo, hi, alphas, extra)

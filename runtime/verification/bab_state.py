@@ -34,6 +34,7 @@ class BabState:
     unresolved: int                 # open leaves with nothing left to split, set aside
     rounds: int                     # rounds so far (the attacks' seeds)
     plb: torch.Tensor               # (N, S): the parents' bounds per spec row
+    rbounds: torch.Tensor | None = None   # (N, 2, neurons) float64: carried rigorous bounds
 
 
 def tightened(bounds: torch.Tensor | None, prior: torch.Tensor, n: int) -> torch.Tensor:

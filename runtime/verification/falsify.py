@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+ATTACK_STEPS = 30          # split_pgd steps per domain attacked by branch and bound
+
 
 def node_values(network, x: torch.Tensor, names) -> tuple[torch.Tensor, dict]:
     """(output, {name: value}) for a batch x (B, *input_shape): `Network.forward` that also
@@ -77,4 +79,29 @@ def split_pgd(network, lo: torch.Tensor, hi: torch.Tensor, starts: torch.Tensor,
             momentum = 0.75 * momentum + g
             step = (hi - lo) * (0.2 * 0.01 ** (it / steps))
             x = torch.maximum(torch.minimum(x - step * momentum.sign(), hi), lo)
+    return None
+
+
+def attack_domains(network, lo_flat, hi_flat, C, d, owner_t, lA, lb, order, splits, dom_open,
+                    is_violation, stop, seed):
+    """split_pgd in the given open domains of a ReLU branch-and-bound batch (`order`: indices
+    into it; lA, lb: their rows' input A-matrices and lower bounds, dom_open: the rows still
+    open), each from its most violated row's bound-minimising vertex and one seeded random
+    point, on that row's conjunction. A confirmed counterexample (flattened, CPU) or None."""
+    if not len(order):
+        return None
+    n = lo_flat.shape[1]
+    margin = lb[order].double() - torch.from_numpy(d)                         # (k, R)
+    margin = torch.where(dom_open[order], margin, torch.full_like(margin, float("inf")))
+    row = margin.argmin(dim=1)
+    rows = owner_t.unsqueeze(0) == owner_t[row].unsqueeze(1)                  # (k, R)
+    vert = torch.where(lA[order, row] > 0, lo_flat, hi_flat)                  # (k, n)
+    gen = torch.Generator().manual_seed(seed)
+    rand = lo_flat + torch.rand(len(order), n, generator=gen) * (hi_flat - lo_flat)
+    starts = torch.cat([vert, rand])
+    sp = {k: torch.cat([v[order], v[order]]) for k, v in splits.items()}
+    x = split_pgd(network, lo_flat, hi_flat, starts, C, torch.tensor(d, dtype=torch.float32),
+                  torch.cat([rows, rows]), sp, steps=ATTACK_STEPS, stop=stop)
+    if x is not None and is_violation(x.reshape(1, -1)) is not None:
+        return x.reshape(-1)
     return None

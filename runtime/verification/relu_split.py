@@ -49,8 +49,9 @@ import torch
 
 from shardbound.runtime.verification.bab_state import BabState, WarmAlphas, tightened
 from shardbound.runtime.verification.batch_memory import batch_for_memory, memory_figure
-from shardbound.runtime.verification.certificate import certified, cut_dict, no_cuts
-from shardbound.runtime.verification.falsify import split_pgd
+from shardbound.runtime.verification.certificate import (carried_dict, certified, cut_dict,
+                                                         no_cuts)
+from shardbound.runtime.verification.falsify import attack_domains as _attack_domains
 from shardbound.runtime.verification.input_split import closeness, refuted_conjunctions
 from shardbound.runtime.verification.row_pairs import crown_pairs, optimise_pairs
 from shardbound.runtime.engine.beta import DEFAULT_ITERATIONS, beta_crown
@@ -58,7 +59,6 @@ from shardbound.runtime.engine.beta import DEFAULT_ITERATIONS, beta_crown
 MAX_DOMAINS = 50_000      # each keeps its parent's intermediate bounds: ~8 bytes a neuron
 ATTACK_DOMAINS = 2        # open domains per round attacked by `split_pgd` (the most violated)
 ATTACK_SHARE = 0.15       # of branch and bound's time, at most, spent in those attacks
-ATTACK_STEPS = 30
 FSB_CANDIDATES = 3        # filtered smart branching: BaBSR's top k, judged by a one-step bound
 KEPT_ALPHA_BYTES = 256 << 20   # the warm-start alphas of open domains (see WarmAlphas)
 BETA_KEY = "beta:"       # warm starts keep each split node's betas under this prefix
@@ -237,30 +237,6 @@ def _swap_(tensors, a, b) -> None:
             t[a], t[b] = tb, ta
 
 
-def _attack_domains(network, lo_flat, hi_flat, C, d, owner_t, lA, lb, order, splits, dom_open,
-                    is_violation, stop, seed):
-    """split_pgd in the given open domains (indices into the batch), each from its most
-    violated row's bound-minimising vertex and one seeded random point, on that row's
-    conjunction. A confirmed counterexample (flattened, CPU) or None."""
-    if not len(order):
-        return None
-    n = lo_flat.shape[1]
-    margin = lb[order].double() - torch.from_numpy(d)                         # (k, R)
-    margin = torch.where(dom_open[order], margin, torch.full_like(margin, float("inf")))
-    row = margin.argmin(dim=1)
-    rows = owner_t.unsqueeze(0) == owner_t[row].unsqueeze(1)                  # (k, R)
-    vert = torch.where(lA[order, row] > 0, lo_flat, hi_flat)                  # (k, n)
-    gen = torch.Generator().manual_seed(seed)
-    rand = lo_flat + torch.rand(len(order), n, generator=gen) * (hi_flat - lo_flat)
-    starts = torch.cat([vert, rand])
-    sp = {k: torch.cat([v[order], v[order]]) for k, v in splits.items()}
-    x = split_pgd(network, lo_flat, hi_flat, starts, C, torch.tensor(d, dtype=torch.float32),
-                  torch.cat([rows, rows]), sp, steps=ATTACK_STEPS, stop=stop)
-    if x is not None and is_violation(x.reshape(1, -1)) is not None:
-        return x.reshape(-1)
-    return None
-
-
 def _proof_out_of_reach(verified: float, since: tuple[float, float], deadline: float) -> bool:
     """Whether the proved share, growing at its recent rate (since `since` = (time, proved
     share then): the second half of the time so far; the first domains often prove half
@@ -365,6 +341,11 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
     # neurons (same layout; -inf / inf: nothing), apart from its computed bounds, which the
     # certificate does not take from the float32 engine.
     cuts = no_cuts(int(local[-1])) if certify is not None and n_sign < len(relus) else None
+    # --soundness real/float32: each domain's rigorous bounds of `names` (N, 2, neurons)
+    # float64, carried down the tree as the engine carries its own (certificate.py)
+    domain_bounds = getattr(certify, "domain_bounds", None)
+    shapes = [tuple(r.shape) for r in relus]
+    rbounds = None
     depth = torch.zeros(1, dtype=torch.float64)
     key = torch.zeros(1, dtype=torch.float64)   # the parent's margin: most violated first
     # Default mode: the parents' bounds per spec row, which hold on their children (a
@@ -383,11 +364,14 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         r = resume
         stack, depth, key, warm, has, cuts, store = (r.stack, r.depth, r.key, r.warm, r.has,
                                                      r.cuts, r.store)
+        rbounds = r.rbounds
         plb = r.plb
         bounded, verified, unresolved, rounds = r.bounded, r.verified, r.unresolved, r.rounds
         bounds = r.bounds
         if root_prior is not None and all(name in root_prior for name in names):
             bounds = tightened(bounds, _flat_bounds(root_prior, names, 1), len(stack))
+    if domain_bounds is not None and rbounds is None:       # nothing carried yet
+        rbounds = no_cuts(int(offsets[-1])).to(torch.float64).expand(len(stack), -1, -1).clone()
     start = time.monotonic()
     final_at = (deadline - final_share * (deadline - start) if math.isfinite(deadline)
                 else math.inf)
@@ -400,7 +384,7 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
             state = None
             if keep_state:
                 state = BabState(stack, depth, key, warm, has, bounds, cuts, store, bounded,
-                                 verified, unresolved, rounds, plb)
+                                 verified, unresolved, rounds, plb, rbounds)
             return ReluBabResult("timeout", domains=bounded, verified_fraction=verified,
                                  state=state)
         if len(stack) > MAX_DOMAINS:
@@ -412,14 +396,17 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
             final = agree(_proof_out_of_reach(verified, midway or (start, 0.0), deadline))
             final_at = math.inf         # decided once
         take = min(batch, len(stack))
-        _swap_((stack, depth, key, warm, has, bounds, cuts, plb), *_best_to_tail(key, take))
+        _swap_((stack, depth, key, warm, has, bounds, cuts, plb, rbounds),
+               *_best_to_tail(key, take))
         dom, ddepth = stack[-take:], depth[-take:]
         bwarm, bhas, bplb = warm[-take:], has[-take:], plb[-take:]
         stack, depth, key, plb = stack[:-take], depth[:-take], key[:-take], plb[:-take]
         warm, has = warm[:-take], has[:-take]
-        prior = bcuts = None
+        prior = bcuts = brb = None
         if cuts is not None:
             bcuts, cuts = cuts[-take:], cuts[:-take]
+        if rbounds is not None:
+            brb, rbounds = rbounds[-take:], rbounds[:-take]
         if bounds is not None:
             pb, bounds = bounds[-take:].to(dev), bounds[:-take]
             prior = {name: (pb[:, 0, local[i]:local[i + 1]].reshape(take, *relus[i].shape),
@@ -483,9 +470,14 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         if trace is not None:
             trace.append(lb.clone())
         done = refuted.all(dim=1) | empty
-        if certify is not None and bool(done.any()):
+        cut = rb = None
+        if certify is not None:
             cut = None if bcuts is None else cut_dict(bcuts, relus, names, local, n_sign)
-            ok = certified(certify, done, blo, bhi, splits, lagrangian, C.shape[0], cut)
+        if domain_bounds is not None:
+            rb = domain_bounds(blo, bhi, {k: v.cpu() for k, v in splits.items()}, cut,
+                               carried_dict(brb, names, shapes))
+        if certify is not None and bool(done.any()):
+            ok = certified(certify, done, blo, bhi, splits, lagrangian, C.shape[0], cut, rb)
             refuted[done & ~ok] = False                 # not proved: open, every row
             done = done & ok
         verified += float(torch.pow(0.5, ddepth[done]).sum())
@@ -579,6 +571,9 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         else:
             warm, has = torch.zeros(len(stack), 0), torch.zeros(len(stack), dtype=torch.bool)
         bounds = torch.cat([bounds if bounds is not None else okb[:0], below, above])
+        if rb is not None:
+            rk = _flat_bounds(rb, names, take)[open_][splittable]
+            rbounds = torch.cat([rbounds, rk, rk])
     if dropped:
         return ReluBabResult("timeout", domains=bounded, verified_fraction=verified,
                              reason="the final falsification pass found no counterexample")

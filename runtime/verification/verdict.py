@@ -230,27 +230,29 @@ class _CaseRunner:
         return self._root
 
     def certify(self):
-        """For branch and bound in --soundness real/float32: (los, his, splits, lagrangian,
-        cuts) -> (B,) bool, the domains the rigorous bounds prove (lagrangian: beta-CROWN's
+        """For branch and bound in --soundness real/float32: a LeafCertifier
+        (runtime/verification/certificate.py), called (los, his, splits, lagrangian, cuts,
+        bounds) -> (B,) bool, the domains the rigorous bounds prove (lagrangian: beta-CROWN's
         (alphas, betas) for those domains, or None; cuts: the interval splits' bounds, or
-        None), with the root certificate's bounds as the prior; None in default mode."""
+        None; bounds: its `domain_bounds` of them), with the root certificate's bounds as
+        the prior; None in default mode."""
         if not self.rigorous:
             return None
+        from shardbound.runtime.verification.certificate import LeafCertifier
+
         prior = None
         if self._replay is not None:
             prior = self._rig_prior or self.root_certificate()[1]
 
-        def certify(los, his, splits=None, lagrangian=None, cuts=None):
-            # with beta-CROWN's parameters, plain CROWN too: where no iterate beat the
-            # float32 CROWN floor, the kept ones are the warm start, not what proved the row
-            ok = self.rig.refuted(los, his, self.C64, self.d, self.owner, self.n_conj, splits,
-                                  lagrangian, prior=prior, cuts=cuts,
-                                  both=lagrangian is not None)
+        def refuted(los, his, splits, lagrangian, **given):
+            return self.rig.refuted(los, his, self.C64, self.d, self.owner, self.n_conj,
+                                    splits, lagrangian, **given)
+
+        def agree(ok):
             # every rank closes the same domains (float64 bits could differ across ranks
             # only on different machines; one collective makes it certain)
-            not_ok = self.comm.all_reduce_max((~ok).to(torch.float32)) > 0
-            return ~not_ok
-        return certify
+            return ~(self.comm.all_reduce_max((~ok).to(torch.float32)) > 0)
+        return LeafCertifier(self.rig, refuted, agree, prior, self.budget.check)
 
     def domain_attack(self, lo, hi):
         """A short attack inside branch-and-bound domains (lo, hi: (k, n), searched in one
