@@ -76,7 +76,7 @@ MIB = 1024.0 * 1024.0
 TARGET = {2: 0.55, 4: 0.30}
 PUBLISHED = "published FSDP: 0.61-0.66x"
 PREDICTION_TOLERANCE = 0.10
-COMPILES = ("single", "fsdp", "fsdp-fast")     # directory names under each model
+COMPILES = ("single", "fsdp", "fsdp-fast", "fsdp-fixed")   # directory names under each model
 
 
 # ----------------------------------------------------------------------------- models
@@ -102,11 +102,14 @@ def build_cnn(rng):
 
 # ----------------------------------------------------------------------------- runs
 
-def prepare(kind: str, widths: str, mdir: str, seed: int, eps: float, chunk_kib: int = 0) -> None:
-    """In a child process: build the ONNX model, compile it as single, fsdp and fsdp-fast,
-    write the box and meta.json (total weight bytes). chunk_kib > 0: fsdp streams its linear
-    weights in chunks of at most that many KiB (compile's --stream-chunk-kib) instead of the
-    default 4 MiB: less gathered at once, more and smaller collectives."""
+def prepare(kind: str, widths: str, mdir: str, seed: int, eps: float, chunk_kib: int = 0,
+            fixed_kib: int = 0) -> None:
+    """In a child process: build the ONNX model, compile it as single, fsdp, fsdp-fast and
+    (fixed_kib > 0) fsdp-fixed, write the box and meta.json (total weight bytes). chunk_kib >
+    0: fsdp streams its linear weights in chunks of at most that many KiB, every layer alike
+    (compile's --stream-chunk-kib), instead of the default per-layer choice
+    (runtime/accounting/chunk_choice.py); fsdp-fixed is fsdp with fixed_kib KiB chunks, the
+    comparison rows (4096: the fixed default before the choice)."""
     import numpy as np
     import onnx
     from safetensors import safe_open
@@ -125,9 +128,12 @@ def prepare(kind: str, widths: str, mdir: str, seed: int, eps: float, chunk_kib:
     options = {"single": PassOptions(mode="single", method="crown"),
                "fsdp": PassOptions(mode="fsdp", method="crown",
                                    **({"stream_chunk_bytes": chunk_kib * 1024} if chunk_kib else {})),
-               "fsdp-fast": PassOptions(mode="fsdp", method="crown", summation="fast")}
+               "fsdp-fast": PassOptions(mode="fsdp", method="crown", summation="fast"),
+               "fsdp-fixed": PassOptions(mode="fsdp", method="crown",
+                                         stream_chunk_bytes=max(fixed_kib, 1) * 1024)}
     for name in COMPILES:
-        compile_model(onnx_path, os.path.join(mdir, name), options[name])
+        if name != "fsdp-fixed" or fixed_kib:
+            compile_model(onnx_path, os.path.join(mdir, name), options[name])
     center = np.random.default_rng(seed + 1).uniform(0.0, 1.0, size=int(np.prod(input_shape)))
     with open(os.path.join(mdir, "box.json"), "w", encoding="utf-8") as f:
         json.dump({"lower": (center - eps).tolist(), "upper": (center + eps).tolist()}, f)
@@ -174,7 +180,8 @@ def ensure_model(kind, widths, args, work, prepared) -> tuple[str, int]:
               flush=True)
         subprocess.run([sys.executable, os.path.abspath(__file__), "--prepare", kind, widths,
                         mdir, "--seed", str(args.seed), "--eps", str(args.eps),
-                        "--stream-chunk-kib", str(args.stream_chunk_kib)], check=True)
+                        "--stream-chunk-kib", str(args.stream_chunk_kib),
+                        "--compare-chunk-kib", str(args.compare_chunk_kib)], check=True)
         with open(os.path.join(mdir, "meta.json"), encoding="utf-8") as f:
             prepared[key] = json.load(f)["weight_bytes"]
     return mdir, prepared[key]
@@ -188,8 +195,11 @@ def mem(r: dict, key: str):
 def bench_table(kind, widths, method, args, work, prepared) -> None:
     mdir, total = ensure_model(kind, widths, args, work, prepared)
     box = os.path.join(mdir, "box.json")
+    fixed = f"fsdp, fixed {args.compare_chunk_kib} KiB chunk"
     runs = ([("single", "single", 1)] + [("fsdp", "fsdp", p) for p in args.nprocs]
-            + [("fsdp-fast", "fsdp fast (no row sharding)", 2)])
+            + [("fsdp-fast", "fsdp fast (no row sharding)", 2)]
+            + ([("fsdp-fixed", fixed, p) for p in args.nprocs if p > 1]
+               if args.compare_chunk_kib else []))
     rows = []
     for i, (compiled, label, p) in enumerate(runs):
         print(f"# {model_desc(kind, widths)}, {method}: {label} P={p} ...", file=sys.stderr,
@@ -200,6 +210,8 @@ def bench_table(kind, widths, method, args, work, prepared) -> None:
         print(f"#   done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
         rows.append((compiled, label, p, r))
 
+    with open(os.path.join(mdir, "fsdp", "plan.json"), encoding="utf-8") as f:
+        chosen = json.load(f).get("stream_chunks")
     base = rows[0][3]
     b_peak, b_sec = mem(base, "peak_tracked_bytes"), float(base["seconds"])
     print(f"\n### {model_desc(kind, widths)}, {method}; total weight bytes {total} "
@@ -230,6 +242,17 @@ def bench_table(kind, widths, method, args, work, prepared) -> None:
               f"| {mem(r, 'peak_rss_bytes') / MIB:.1f} "
               f"| {float(r['seconds']):.3f} | {float(r['seconds']) / b_sec:.3f} | {same} |")
 
+    if chosen:
+        print("\nfsdp's stream chunks, KiB per layer (plan.json stream_chunks): "
+              + "; ".join(f"P={p}: " + ", ".join(f"{n} {b // 1024}" for n, b in chosen[str(p)].items())
+                          for p in args.nprocs if str(p) in chosen))
+    fixed_rows = {p: r for compiled, _, p, r in rows if compiled == "fsdp-fixed"}
+    for compiled, _, p, r in rows:
+        if compiled == "fsdp" and p in fixed_rows:
+            old = fixed_rows[p]
+            print(f"P={p}: chosen chunks against the fixed {args.compare_chunk_kib} KiB: peak "
+                  f"{mem(r, 'peak_tracked_bytes') / mem(old, 'peak_tracked_bytes'):.3f}x, "
+                  f"bound time {float(r['seconds']) / float(old['seconds']):.3f}x")
     measured = []
     for p, limit in TARGET.items():
         if p in ratios:
@@ -268,7 +291,12 @@ def main(argv=None) -> None:
     parser.add_argument("--eps", type=float, default=0.01, help="box radius (default 0.01)")
     parser.add_argument("--stream-chunk-kib", type=int, default=0,
                         help="fsdp (blocked) streams linear weights in chunks of at most KIB "
-                             "KiB (default 0: compile's default, 4 MiB)")
+                             "KiB, every layer alike (default 0: compile's default, chosen "
+                             "per layer and P)")
+    parser.add_argument("--compare-chunk-kib", type=int, default=4096,
+                        help="also run fsdp compiled with this fixed chunk at each P > 1, "
+                             "for the memory and time of the per-layer choice against it "
+                             "(default 4096, the fixed default before; 0: not run)")
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="collective timeout of each run in seconds (default 900)")
     parser.add_argument("--prepare", nargs=3, metavar=("KIND", "WIDTHS", "DIR"),
@@ -276,7 +304,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     if args.prepare:
         prepare(args.prepare[0], args.prepare[1], args.prepare[2], args.seed, args.eps,
-                args.stream_chunk_kib)
+                args.stream_chunk_kib, args.compare_chunk_kib)
         return
 
     def methods(text):
@@ -302,7 +330,8 @@ def main(argv=None) -> None:
 
     print(f"# shardbound fsdp memory benchmark: threads 1, nprocs {args.nprocs} + fsdp fast P=2, "
           f"seed {args.seed}, eps {args.eps}, fsdp stream chunk "
-          f"{f'{args.stream_chunk_kib} KiB' if args.stream_chunk_kib else 'default (4 MiB)'}, "
+          f"{f'{args.stream_chunk_kib} KiB' if args.stream_chunk_kib else 'default (per layer)'}"
+          f", fixed-chunk comparison {args.compare_chunk_kib or 'off'} KiB, "
           f"{os.cpu_count()} CPUs")
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fsdp_memory_") as work:

@@ -24,6 +24,7 @@ from shardbound.compiler.naming import comment_text, is_identifier
 from shardbound.passes.annotations import as_json as annotation_json
 from shardbound.passes.annotations import notes as annotation_notes
 from shardbound.runtime.ops import OP_TYPES
+from shardbound.runtime.parallel.params import STREAM_CHUNK_BYTES
 
 PLAN_FORMAT = "shardbound-plan/1"
 
@@ -150,7 +151,8 @@ def plan_dict(graph: Graph, options, passes: list[str]) -> dict:
         "source": graph.source,
         "mode": options.mode, "method": options.method,
         "intermediate": options.intermediate, "summation": options.summation,
-        "stream_chunk_bytes": options.stream_chunk_bytes, "nproc": options.nproc,
+        "stream_chunk_bytes": options.stream_chunk_bytes or STREAM_CHUNK_BYTES,
+        "nproc": options.nproc,
         "passes": list(passes),
         "input": {"onnx_name": graph.input_name, "node": graph.input.name,
                   "shape": list(graph.input.shape)},
@@ -164,6 +166,9 @@ def plan_dict(graph: Graph, options, passes: list[str]) -> dict:
     }
     if options.mode == "tp":
         plan["tp_intermediate"] = options.tp_intermediate
+    chunks = graph.annotations.get("stream", {}).get(graph.input.name)
+    if chunks is not None:      # fsdp: each layer's stream chunk per P (chunk_choice.py)
+        plan["stream_chunks"] = chunks.as_dict()
     for field in ("memory_budget", "row_tile", "bab_batch"):   # only when planned for a budget
         value = getattr(options, field, None)
         if value is not None:

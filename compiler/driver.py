@@ -8,7 +8,7 @@ from shardbound.compiler.codegen import write_program
 from shardbound.compiler.errors import ShardboundError
 from shardbound.compiler.frontend import import_onnx
 from shardbound.compiler.ir import Graph, dump
-from shardbound.passes.manager import PassManager, PassOptions
+from shardbound.passes.manager import STREAM_CHUNK_BYTES, PassManager, PassOptions
 from shardbound.passes.pipeline import pipeline
 
 
@@ -44,7 +44,8 @@ def plan_with_options(path: str, options: PassOptions, verify_each: bool = False
             plan_out.append(chosen)
         if not options.budget_source:
             options = planned_options(chosen, options)
-        elif chosen.row_tile or chosen.stream_chunk_kib * 1024 != options.stream_chunk_bytes:
+        elif chosen.row_tile or chosen.stream_chunk_kib * 1024 != (options.stream_chunk_bytes
+                                                                    or STREAM_CHUNK_BYTES):
             options = replace(planned_options(chosen, options), memory_budget=None)
         else:                           # fits untouched: today's program, bit for bit
             options, chosen = replace(options, memory_budget=None), None

@@ -73,7 +73,7 @@ class FsdpUse(Annotation):
     phases: int
     runs: tuple[PhaseRun, ...]
     streamed: tuple[str, ...] = ()       # 2-D weights gathered block by block, never whole
-    stream_chunk_kib: int = 0
+    stream_chunk_kib: int = 0            # 0: chosen per layer and P (plan.json stream_chunks)
 
     def text(self) -> str:
         whole = [r for r in self.params if r not in self.streamed]
@@ -81,9 +81,12 @@ class FsdpUse(Annotation):
         if whole:
             parts.append(f"all-gather {', '.join(whole)} right before this node runs, free "
                          "right after")
-        if self.streamed:
+        if self.streamed and self.stream_chunk_kib:
             parts.append(f"{', '.join(self.streamed)} streamed in blocks of at most "
                          f"{self.stream_chunk_kib} KiB (on P > 1 ranks), never gathered whole")
+        elif self.streamed:
+            parts.append(f"{', '.join(self.streamed)} streamed in blocks of the chunk chosen "
+                         "for this layer and rank count (plan.json stream_chunks)")
         phases = ", ".join(r.text() for r in self.runs)
         return "; ".join(parts) + f"; in {self.phases} phases: {phases}"
 
@@ -127,6 +130,23 @@ class MemoryPrediction(Annotation):
             return self.not_modelled
         return ("predicted per-rank crown peak (1 box): "
                 + ", ".join(r.text() for r in self.per_rank))
+
+
+@dataclass(frozen=True)
+class StreamChunks(Annotation):
+    """memory_plan (fsdp, no --stream-chunk-kib): each streamable layer's stream chunk in
+    bytes per world size, ((P, ((node, bytes), ...)), ...) (runtime/accounting/chunk_choice.py);
+    plan.json keeps it as `stream_chunks` for the runtime."""
+
+    per_rank: tuple = ()
+
+    def as_dict(self) -> dict:
+        return {str(P): dict(chunks) for P, chunks in self.per_rank}
+
+    def text(self) -> str:
+        return "fsdp stream chunks (KiB, per layer): " + "; ".join(
+            f"P={P}: " + ", ".join(f"{name} {b // 1024}" for name, b in chunks)
+            for P, chunks in self.per_rank)
 
 
 @dataclass(frozen=True)

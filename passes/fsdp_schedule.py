@@ -14,6 +14,7 @@ import numpy as np
 from shardbound.compiler.ir import Graph
 from shardbound.passes.traits import op_class
 from shardbound.passes.annotations import FsdpUse, PhaseRun
+from shardbound.runtime.accounting.chunk_choice import MIN_CHUNK
 
 
 def _runs(mask: int, names: list[str]) -> tuple[PhaseRun, ...]:
@@ -75,10 +76,13 @@ def fsdp_schedule(graph: Graph, options) -> Graph:
             continue
         count, runs = phases[n.name]
         streamed = ()
+        # a fixed chunk: the weights larger than it; chosen per layer (None): any weight
+        # larger than the smallest chunk may stream (plan.json's stream_chunks says where)
+        limit = options.stream_chunk_bytes or MIN_CHUNK
         if op_class(n).streams_weight and options.summation != "fast":
             streamed = tuple(role for role, key in n.params
                              if np.ndim(graph.tensors[key]) == 2
-                             and np.size(graph.tensors[key]) * 4 > options.stream_chunk_bytes)
+                             and np.size(graph.tensors[key]) * 4 > limit)
         notes[n.name] = FsdpUse(tuple(role for role, _ in n.params), count, runs, streamed,
-                                options.stream_chunk_bytes // 1024)
+                                (options.stream_chunk_bytes or 0) // 1024)
     return graph.annotate("fsdp", notes)

@@ -34,7 +34,9 @@ class PassOptions:
     intermediate: str = _flags.FLAGS["intermediate"].default   # nodes feeding a relaxed op
     summation: str = _flags.FLAGS["summation"].default
     nproc: int = 1                     # the rank count the program is planned for
-    stream_chunk_bytes: int = STREAM_CHUNK_BYTES   # fsdp: most of one weight gathered at once
+    # fsdp: most of one weight gathered at once, every layer alike; None: chosen per layer
+    # and rank count, at most STREAM_CHUNK_BYTES (runtime/accounting/chunk_choice.py)
+    stream_chunk_bytes: int | None = None
     tp_intermediate: str = _flags.FLAGS["tp_intermediate"].default   # tp zone nodes
     max_elements: int = MAX_ELEMENTS   # import: the largest tensor (elements) a model may have
     # --memory-budget (bytes per rank): the planner (passes/memory_budget.py) picks mode, P,

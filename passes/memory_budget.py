@@ -18,7 +18,8 @@ that fits. The order, cheapest change to the default plan first:
    largest first (smaller tiles: more, smaller kernel calls; the same bits under
    blocked/exact; in tp they cut the passes of nodes outside zones and the final pass);
 4. stream chunk (fsdp with blocked/exact, which stream large weights): --stream-chunk-kib
-   first, then halved down to MIN_CHUNK.
+   (default 4 MiB) first, then halved down to MIN_CHUNK, every layer alike (a plan chosen
+   here fixes it; without a budget the chunk is chosen per layer: chunk_choice.py).
 
 Everything is a pure function of the shapes and the options, so the choice is deterministic.
 A P whose resident weights alone pass the budget is skipped without enumerating it. When no
@@ -45,9 +46,10 @@ from shardbound.compiler.errors import ShardboundError
 from shardbound.passes.annotations import Annotation
 from shardbound.runtime.accounting.ledger import format_bytes
 from shardbound.runtime.accounting.memory_model import METHOD_MODELS, predict_peak
+from shardbound.runtime.parallel.params import STREAM_CHUNK_BYTES
 
 MAX_RANKS = 64
-MIN_CHUNK = 64 << 10
+from shardbound.runtime.accounting.chunk_choice import MIN_CHUNK  # noqa: E402  (one floor)
 BAB_BATCHES = (32, 16, 8, 4, 2, 1)
 BAB_METHOD = "beta-crown"       # the figure of a batched round (runtime/accounting/beta_model.py)
 
@@ -113,7 +115,7 @@ def _tiles(max_rows: int) -> list[int | None]:
 
 
 def _chunks(options, mode: str, nproc: int) -> list[int]:
-    first = options.stream_chunk_bytes
+    first = options.stream_chunk_bytes or STREAM_CHUNK_BYTES
     if mode != "fsdp" or nproc == 1 or options.summation == "fast":
         return [first]
     out, c = [first], first // 2

@@ -4,13 +4,18 @@ It replays the bound computation on shapes (shardbound.runtime.accounting.memory
 `run --json` reports next to the measured ledger; tp mode: runtime/accounting/tp_model.py, the
 largest rank's) for P = 1, 2, 4 and the `--nproc` asked for, with one box and the identity
 spec. The result is attached to the input node, so `inspect` prints it and plan.json carries it.
+In fsdp without --stream-chunk-kib it first chooses each streamable layer's stream chunk for
+each of those P (runtime/accounting/chunk_choice.py), predicts with them and records them
+(the `stream` annotation: plan.json's `stream_chunks`, which the runtime uses).
 """
 
 from __future__ import annotations
 
 from shardbound.compiler.ir import Graph
-from shardbound.passes.annotations import MemoryPrediction, RankMemory
+from shardbound.passes.annotations import MemoryPrediction, RankMemory, StreamChunks
+from shardbound.runtime.accounting.chunk_choice import choose_chunks
 from shardbound.runtime.accounting.memory_model import NodeShape, predict_peak
+from shardbound.runtime.parallel.params import STREAM_CHUNK_BYTES
 
 
 def graph_shapes(graph: Graph) -> list[NodeShape]:
@@ -71,11 +76,20 @@ def memory_plan(graph: Graph, options) -> Graph:
     fsdp = options.mode == "fsdp"
     shard_rows = (options.summation != "fast") if fsdp else None
     worlds = sorted({1, 2, 4, max(1, int(options.nproc))}) if fsdp else [1]
+    tile = getattr(options, "row_tile", None)
+    chunks = {P: options.stream_chunk_bytes for P in worlds}
+    if fsdp and options.stream_chunk_bytes is None:     # chosen per layer and P
+        chunks = {P: choose_chunks(shapes, graph.output, P, STREAM_CHUNK_BYTES,
+                                   options.summation, tile) for P in worlds}
     parts = []
     for P in worlds:
         pred = predict_peak(shapes, graph.output, P, shard_rows=shard_rows,
-                            stream_chunk_bytes=options.stream_chunk_bytes,
-                            row_tile=getattr(options, "row_tile", None))
+                            stream_chunk_bytes=chunks[P], row_tile=tile)
         parts.append(RankMemory(P, int(pred["resident_param_bytes"]),
                                 int(pred["peak_tracked_bytes"])))
-    return graph.annotate("memory", {graph.input.name: MemoryPrediction(tuple(parts))})
+    notes = {"memory": MemoryPrediction(tuple(parts))}
+    if fsdp and options.stream_chunk_bytes is None:
+        notes["stream"] = StreamChunks(tuple((P, tuple(chunks[P].items())) for P in worlds))
+    for key, note in notes.items():
+        graph = graph.annotate(key, {graph.input.name: note})
+    return graph

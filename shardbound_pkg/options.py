@@ -177,9 +177,11 @@ FLAGS: dict[str, Flag] = {f.dest if not f.positional else f.names[0]: f for f in
           help="summation order of every contraction: blocked (default; the same bits for "
                "any thread and rank count), exact (correctly rounded: the same bits on any "
                "BLAS or device), fast (plain BLAS; run to run only, quickest)"),
-    _flag("--stream-chunk-kib", type=positive_int, default=STREAM_CHUNK_KIB, metavar="KIB",
+    _flag("--stream-chunk-kib", type=positive_int, default=None, metavar="KIB",
           help="fsdp with blocked/exact: gather large weight matrices in blocks of at most "
-               f"this many KiB instead of whole (default {STREAM_CHUNK_KIB})"),
+               "this many KiB instead of whole, every layer alike (default: chosen per layer "
+               "and rank count from what a rank holds, at most "
+               f"{STREAM_CHUNK_KIB}; plan.json's stream_chunks)"),
     _flag("--max-elements", type=positive_int, default=MAX_ELEMENTS, metavar="N",
           help="refuse models with a tensor (input, constant or computed) of more than N "
                f"elements (default {MAX_ELEMENTS}); raise it for a model that really is "
@@ -379,7 +381,8 @@ def pass_options(ns: argparse.Namespace):
     return PassOptions(mode=ns.mode or "single", method=getattr(ns, "method", None) or "crown",
                        intermediate=getattr(ns, "intermediate", FLAGS["intermediate"].default),
                        summation=ns.summation, nproc=ns.nproc or 1,
-                       stream_chunk_bytes=ns.stream_chunk_kib * 1024,
+                       stream_chunk_bytes=(ns.stream_chunk_kib * 1024
+                                           if ns.stream_chunk_kib is not None else None),
                        tp_intermediate=ns.tp_intermediate, max_elements=ns.max_elements,
                        memory_budget=getattr(ns, "memory_budget", None) or None,
                        mode_given=ns.mode is not None, nproc_given=ns.nproc is not None)

@@ -35,12 +35,22 @@ class NodeShape:
         return OP_TYPES[self.op]
 
 
-def _gathered_bytes(node: NodeShape, gathers: bool, streamed: bool, chunk: int) -> int:
+def chunk_for(chunks, name: str) -> int:
+    """A node's stream chunk in bytes: `chunks` is one size for every layer (an int; None: 0)
+    or a mapping node name -> bytes (plan.json's `stream_chunks` for one rank count:
+    runtime/accounting/chunk_choice.py); a node it does not name never streams."""
+    if isinstance(chunks, dict):
+        return int(chunks.get(name, 0))
+    return int(chunks or 0)
+
+
+def _gathered_bytes(node: NodeShape, gathers: bool, streamed: bool, chunk) -> int:
     """What a rank holds of a node's gathered parameters while visiting it: all of them, or
     for a streamed linear layer (runtime/numerics/streaming.py) one weight block, and the other
-    parameters (the bias) only after the blocks are done."""
+    parameters (the bias) only after the blocks are done. `chunk`: see `chunk_for`."""
     if not gathers:
         return 0
+    chunk = chunk_for(chunk, node.name)
     total = sum(node.param_numels) * F32
     weight = math.prod(node.weight_shape) * F32 if node.weight_shape else 0
     if (not streamed or not node.traits.streams_weight or len(node.weight_shape) != 2
@@ -52,7 +62,7 @@ def _gathered_bytes(node: NodeShape, gathers: bool, streamed: bool, chunk: int) 
     return max(block, total - weight)
 
 
-def _starts_at_inputs(node: NodeShape, world: int, streamed: bool, chunk: int) -> bool:
+def _starts_at_inputs(node: NodeShape, world: int, streamed: bool, chunk) -> bool:
     """Whether a backward pass from `node` starts from its own rows at its inputs (the op's
     closed-form `unit_backward`: runtime/engine/network.py) rather than from unit rows at the
     node; a streamed linear weight has no closed form (it is never gathered whole)."""
@@ -61,6 +71,7 @@ def _starts_at_inputs(node: NodeShape, world: int, streamed: bool, chunk: int) -
     cls = node.traits
     if cls.relaxed or cls.unit_backward is Op.unit_backward:
         return False
+    chunk = chunk_for(chunk, node.name)
     weight = math.prod(node.weight_shape) * F32 if node.weight_shape else 0
     return not (streamed and world > 1 and cls.streams_weight and len(node.weight_shape) == 2
                 and weight > chunk)
@@ -68,14 +79,15 @@ def _starts_at_inputs(node: NodeShape, world: int, streamed: bool, chunk: int) -
 
 def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1,
                  spec_rows: int | None = None, shard_rows: bool | None = None,
-                 method: str = "crown", stream_chunk_bytes: int | None = None,
+                 method: str = "crown", stream_chunk_bytes: int | dict | None = None,
                  crown_rows: dict | None = None, row_tile: int | None = None,
                  alpha_rows: dict | None = None, alpha_neurons: dict | None = None,
                  order: str = "blocked") -> dict:
     """Predicted per-rank bytes: resident parameters, and the tracked peak of a run of
     `method` ("ibp" or "crown"). `shard_rows` None means single mode (whole parameters);
     False or True means fsdp without or with work sharding of the CROWN rows (the orders that
-    shard rows also stream large linear weights in blocks of `stream_chunk_bytes`).
+    shard rows also stream large linear weights in blocks of `stream_chunk_bytes`: one size,
+    or a mapping node name -> bytes, plan.json's `stream_chunks` of this P).
     `crown_rows` (a run's `Network.bounded_rows`): how many neurons of each planned node CROWN
     bounded; without it every neuron is assumed to be (the most a run can take: the compiler's
     memory_plan pass predicts before any box is known). `row_tile`: the most rows one backward
@@ -106,7 +118,7 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
         resident = sum(-(-n // world) * F32 for node in nodes for n in node.param_numels)
     else:
         resident = sum(n * F32 for node in nodes for n in node.param_numels)
-    gathered = [_gathered_bytes(node, fsdp and world > 1, streamed, stream_chunk_bytes or 0)
+    gathered = [_gathered_bytes(node, fsdp and world > 1, streamed, stream_chunk_bytes)
                 for node in nodes]
     index = {node.name: i for i, node in enumerate(nodes)}
 
@@ -134,14 +146,14 @@ def predict_peak(nodes: list[NodeShape], output: str, world: int, batch: int = 1
     for target, S, eye, held in ranked:
         if resident + held + limits.upper(target, S, batch) <= peak:
             break                       # this pass and every later one cannot beat the peak
-        starts = (world, streamed, stream_chunk_bytes or 0)
+        starts = (world, streamed, stream_chunk_bytes)
         got, at = _backward_peak(nodes, index, gathered, target, S, eye, batch, starts)
         if resident + held + got > peak:
             peak, where = resident + held + got, (f"crown<-{nodes[target].name}", nodes[at].name)
     if method == "full-alpha-crown":
         # Differentiated backward products stream every sharded matrix, P = 1 included
         # (runtime/ops/linear.py): blocks of it are gathered.
-        alpha_gathered = [_gathered_bytes(node, True, True, stream_chunk_bytes or 0) if fsdp
+        alpha_gathered = [_gathered_bytes(node, True, True, stream_chunk_bytes) if fsdp
                           else 0 for node in nodes]
         final_rows = rows(spec_rows or math.prod(nodes[index[output]].shape))
         if alpha_rows is None:

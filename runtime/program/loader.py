@@ -22,7 +22,8 @@ from shardbound.runtime.program.plan_check import (check_nodes, check_plan, chec
 from shardbound.runtime.parallel.dist import SingleComm
 from shardbound.runtime.errors import ShardboundError
 from shardbound.runtime.accounting.ledger import MemoryLedger
-from shardbound.runtime.parallel.params import STREAM_CHUNK_BYTES, open_params
+from shardbound.runtime.parallel.params import open_params
+from shardbound.runtime.program.stream_plan import apply_chunks, layer_chunks, stream_chunk_bytes
 from shardbound.runtime.parallel.rows import RowSplit
 
 PLAN_FORMAT = "shardbound-plan/1"
@@ -113,15 +114,6 @@ def one_line_reason(e: Exception) -> str:
     return text[0][:200] if text else type(e).__name__
 
 
-def stream_chunk_bytes(plan: dict) -> int:
-    """How much of one weight matrix an fsdp rank gathers at a time (see runtime/streaming)."""
-    value = plan.get("stream_chunk_bytes", STREAM_CHUNK_BYTES)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 4:
-        raise ShardboundError(f"plan.json: stream_chunk_bytes must be an integer >= 4, got "
-                              f"{value!r}; recompile the model")
-    return value
-
-
 def import_program(directory: str):
     path = os.path.join(directory, "program.py")
     if not os.path.isfile(path):
@@ -180,7 +172,9 @@ def load(directory: str, summation: str | None = None, comm=None,
     network.bab_batch = _positive_int(plan.get("bab_batch"), "bab_batch")
     # --memory-budget none: no default budget either (runtime/verification/batch_memory.py)
     network.default_budget = memory_budget != 0
-    network.memory_setup = {"fsdp": mode == "fsdp", "stream_chunk_bytes": stream_chunk_bytes(plan),
+    chunks = layer_chunks(plan, network, comm.world) if mode == "fsdp" else stream_chunk_bytes(plan)
+    apply_chunks(network, chunks)       # plan.json's per-layer fsdp stream chunks
+    network.memory_setup = {"fsdp": mode == "fsdp", "stream_chunk_bytes": chunks,
                             "tp": mode == "tp"}
     return Verifier(network, plan, directory, module.METHOD)
 

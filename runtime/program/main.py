@@ -190,7 +190,6 @@ def _run_rank(directory: str, args) -> int:
 
 def predicted_peak(verifier, comm, method: str, lb) -> int | None:
     """The memory model's prediction for this very run (tp: tp_model.py's, max over ranks)."""
-    from shardbound.runtime.program.loader import stream_chunk_bytes
     from shardbound.runtime.accounting.memory_model import (METHOD_MODELS, network_shapes,
                                                              predict_peak)
 
@@ -205,7 +204,7 @@ def predicted_peak(verifier, comm, method: str, lb) -> int | None:
     pred = predict_peak(network_shapes(net), net.output.name, comm.world,
                         batch=lb.shape[0] if lb.dim() > 1 else 1, spec_rows=lb.shape[-1],
                         shard_rows=net.rows.enabled if fsdp else None, method=method,
-                        stream_chunk_bytes=stream_chunk_bytes(verifier.plan),
+                        stream_chunk_bytes=net.memory_setup["stream_chunk_bytes"],
                         crown_rows=net.bounded_rows, row_tile=net.row_tile,
                         alpha_rows=net.alpha_rows, alpha_neurons=net.alpha_neurons,
                         order=net.order)
