@@ -219,3 +219,28 @@ def test_ordered_transposed_conv_gradient_is_autograds(order):
     finally:
         conv_mod.IM2COL_CHUNK = chunk
     assert torch.equal(a.grad, grads[1][1])
+
+
+def test_alpha_cap_counts_alphas_as_stored(networks):
+    """`max_alpha_elements` is compared with the alphas a start node will hold (a ReLU's
+    inexact neurons only): a cap between that count and the whole-shape count keeps the start
+    node, and its held alphas never exceed the cap (the whole-shape count had dropped bench
+    mlp4096's third start node, leaving its bounds looser than auto_LiRPA's)."""
+    from shardbound.runtime.engine import full_alpha
+
+    net, shape = networks["deep_mlp"]
+    lo, hi = _box(shape, 5, 0.3)
+    with torch.no_grad():
+        ibp, planned = net.intermediate_bounds(lo, hi)
+    starts = full_alpha.start_nodes(net, planned, 1)
+    last = starts[-1]
+    held = sum(t.numel() for t in last.alphas.values())
+    position = {n.name: i for i, n in enumerate(net.nodes)}
+    whole = 2 * len(last.index) * sum(
+        math.prod(r.alpha_init([planned.get(i) for i in r.inputs]).shape[1:])
+        for r in net.optimisable_nodes() if position[r.name] < position[last.node.name])
+    assert held < whole
+    capped = full_alpha.start_nodes(net, planned, 1, max_alpha_elements=held)
+    assert last.node.name in [s.node.name for s in capped]
+    below = full_alpha.start_nodes(net, planned, 1, max_alpha_elements=held - 1)
+    assert last.node.name not in [s.node.name for s in below]
