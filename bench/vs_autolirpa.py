@@ -2,6 +2,7 @@
 
     python bench/vs_autolirpa.py [--lirpa PATH] [--lirpa-python PY] [--lirpa-compat FILE]
                                  [--repeat 3] [--models acasxu,cnn] [--methods crown,alpha-crown]
+                                 [--one-bound]
 
 Models, built in code with onnx.helper (weights seeded, so every run and every tool sees the
 same network): `acasxu` (5-50x6-5, ACAS Xu's shape), `mnist256x2` (784-256-256-10), `mlp1024`
@@ -33,6 +34,10 @@ many neurons each intermediate backward pass bounded) are printed under the tabl
 row what a timed bound cost besides its CPU time (medians): wall minus CPU time, system time,
 page faults and context switches (voluntary: waits, e.g. on a thread pool; involuntary: the
 core taken by another process), which is where the wall-clock ratio and the CPU ratio part.
+
+`--one-bound` (models whose bound takes minutes, e.g. mlp4096's full alpha-CROWN): one bound per
+tool in a worker of its own, tools one after another, no warm-up, its peak counted from before
+that bound (one-time lazy set-up included); time and CPU columns are that one bound's.
 
 The tiny ViT of issue 15 beside auto_LiRPA is bench/vit_autolirpa.py (auto_LiRPA bounds
 the torch module there, with its own GELU op: this script's ONNX interpreter has no attention).
@@ -419,10 +424,40 @@ def _tighter(sb: dict, ref: dict, method: str) -> tuple[float, float]:
     return min(diffs), max(diffs)
 
 
+def _one_bound_rows(name, mdir, tools, method, reference, args):
+    """`--one-bound`: each tool bounds once, in a worker of its own (the memory workers' mmap
+    threshold), its peak RSS reset before that bound (so lazy one-time set-up counts in the
+    peak), tools one after another. For models where one bound takes minutes (mlp4096's full
+    alpha-CROWN: ~6 CPU min per tool), where the default's four bounds per tool take hours."""
+    got = {}
+    for t in tools:
+        w = _Worker(t, method, mdir, args, memory=True)
+        try:
+            w.reset_peak()
+            got[t] = w.bound()
+        finally:
+            w.close()
+    rows = []
+    for t in tools:
+        lo, hi = _tighter(got[t], got[reference], method)
+        tight = "" if t == reference else f"{lo:+.2e} / {hi:+.2e}"
+        rows.append(f"| {name} | {method} | {t} | {got[t]['seconds']:.4f} | "
+                    f"{got[t]['seconds'] / got[reference]['seconds']:.2f} | "
+                    f"{got[t]['cpu_seconds'] * 1e3:.2f} / {got[t]['cpu_seconds'] * 1e3:.2f} | "
+                    f"{got[t]['cpu_seconds'] / got[reference]['cpu_seconds']:.2f} | {tight} | "
+                    f"{got[t]['peak_bytes'] / 2 ** 20:.1f} |")
+    notes = [f"{name} {method} {t}: one bound, bits {got[t]['bits']}" for t in tools]
+    return rows, notes
+
+
 def bench_model(name: str, mdir: str, tools: list[str], methods: list[str], args):
     reference = "lirpa" if "lirpa" in tools else "sb-fast"
     rows, notes = [], []
     for method in methods:
+        if args.one_bound:
+            one_rows, one_notes = _one_bound_rows(name, mdir, tools, method, reference, args)
+            rows, notes = rows + one_rows, notes + one_notes
+            continue
         peaks = {}
         for t in tools:                             # peak memory: a worker of its own
             w = _Worker(t, method, mdir, args, memory=True)
@@ -487,6 +522,9 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline", metavar="PATH",
                     help="a source tree of another shardbound commit: adds base-fast and "
                          "base-blocked (before/after in the same rounds)")
+    ap.add_argument("--one-bound", action="store_true",
+                    help="one bound per tool, no warm-up, peak RSS from that bound (models "
+                         "whose bound takes minutes); --repeat is ignored")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", help="keep models and compiled programs here (default: temporary)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
