@@ -204,6 +204,7 @@ def start_nodes(network, known, B: int, max_alpha_elements: int = MAX_ALPHA_ELEM
     position = {n.name: i for i, n in enumerate(network.nodes)}
     optimisable = network.optimisable_nodes()
     per_row = _per_row(network, optimisable, known)
+    whole = _per_row(network, optimisable, known, held=False)
     out = []
     for node in network.nodes:
         if (network.intermediate.get(node.name) != "crown" or node is network.input
@@ -212,7 +213,8 @@ def start_nodes(network, known, B: int, max_alpha_elements: int = MAX_ALPHA_ELEM
         before = [r for r in optimisable if position[r.name] < position[node.name]
                   and all(i in known for i in r.inputs)]
         if hasattr(node, "crown_bounds"):       # a tp zone node: a slice of its neurons here
-            zone = _zone_start(network, node, known, B, before, per_row, max_alpha_elements)
+            zone = _zone_start(network, node, known, B, before, _counted(node, per_row, whole),
+                               max_alpha_elements)
             if zone is not None:
                 out.append(zone)
             continue
@@ -220,7 +222,8 @@ def start_nodes(network, known, B: int, max_alpha_elements: int = MAX_ALPHA_ELEM
         index = torch.nonzero(network.inexact_mask(node, known[node.name]).reshape(B, -1)
                               .any(dim=0)).reshape(-1)
         k = len(index)
-        if not before or k == 0 or B * 2 * k * sum(per_row[r.name] for r in before) > \
+        counted = _counted(node, per_row, whole)
+        if not before or k == 0 or B * 2 * k * sum(counted[r.name] for r in before) > \
                 max_alpha_elements:
             continue
         a, b = network.rows.my_range(k)
@@ -262,17 +265,27 @@ def _zone_start(network, node, known, B, before, per_row, max_alpha_elements):
     return StartNode(node, rows.index, rows.index, None, alphas, rows.best, layout, zone=rows)
 
 
-def _per_row(network, ops, known) -> dict:
-    """Alpha elements per row of each op of `ops` as `_alphas` will hold them, over all ranks:
-    an op with `SparseAlpha` holds its inexact input neurons' alone (counting its whole shape
-    had kept CROWN's bounds at bench mlp4096's third start node, 3,733 rows over 8,192 ReLU
-    neurons of which 2,015 are inexact: looser than auto_LiRPA's alpha-CROWN on every spec
-    row); a tp zone op holds its channels' (their sum over ranks is the whole op's, what
-    single mode counts). Known bounds are the same on every rank, so every rank decides alike."""
+def _counted(node, held: dict, whole: dict) -> dict:
+    """The per-row alpha counts the cap is checked against for start node `node`: as held
+    (`_per_row`) for a flat node, whose rows carry `SparseAlpha` or whole-op alphas in every
+    mode; whole op shapes for a (C, H, W) node, whose rows may travel in patches form with
+    alphas at their windows (single mode), up to a whole op's per row: the same decision in
+    every mode and for any P, so fsdp and tp keep single mode's bits."""
+    return whole if len(node.shape) == 3 else held
+
+
+def _per_row(network, ops, known, held: bool = True) -> dict:
+    """Alpha elements per row of each op of `ops`, over all ranks: with `held`, as `_alphas`
+    holds them on rows in dense form (an op with `SparseAlpha` holds its inexact input
+    neurons' alone: counting its whole shape had kept CROWN's bounds at bench mlp4096's
+    third start node, 3,733 rows over 8,192 ReLU neurons of which 2,015 are inexact, looser
+    than auto_LiRPA's alpha-CROWN on every spec row), else the whole op's; a tp zone op holds
+    its channels' (their sum over ranks is the whole op's, what single mode counts). Known
+    bounds are the same on every rank, so every rank decides alike."""
     per_row = {}
     for r in ops:
         init = r.alpha_init([known.get(i) for i in r.inputs])
-        if _sparse_ok(r, init, known):
+        if held and _sparse_ok(r, init, known):
             lo, hi = known[r.inputs[0]]
             per_row[r.name] = int(r.inexact(lo, hi).reshape(lo.shape[0], -1).any(dim=0).sum())
         else:
