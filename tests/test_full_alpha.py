@@ -244,3 +244,26 @@ def test_alpha_cap_counts_alphas_as_stored(networks):
     assert last.node.name in [s.node.name for s in capped]
     below = full_alpha.start_nodes(net, planned, 1, max_alpha_elements=held - 1)
     assert last.node.name not in [s.node.name for s in below]
+
+
+def test_alpha_cap_of_conv_start_nodes_counts_whole_ops(networks):
+    """A (C, H, W) start node is capped on whole-op counts (its rows may carry window alphas
+    in single mode, up to a whole op's each), whatever the mode: a cap just below that count
+    drops it even where its ReLUs' inexact neurons alone would fit."""
+    from shardbound.runtime.engine import full_alpha
+
+    net, shape = networks["cnn_batchnorm"]
+    lo, hi = _box(shape, 5, 0.3)
+    with torch.no_grad():
+        ibp, planned = net.intermediate_bounds(lo, hi)
+    conv = [s for s in full_alpha.start_nodes(net, planned, 1) if len(s.node.shape) == 3]
+    assert conv
+    s = conv[0]
+    position = {n.name: i for i, n in enumerate(net.nodes)}
+    before = [r for r in net.optimisable_nodes() if position[r.name] < position[s.node.name]]
+    per = [full_alpha._per_row(net, before, planned, held=h) for h in (True, False)]
+    held, whole = (2 * len(s.index) * sum(p.values()) for p in per)
+    assert held < whole
+    kept = [t.node.name for t in full_alpha.start_nodes(net, planned, 1,
+                                                        max_alpha_elements=whole - 1)]
+    assert s.node.name not in kept
