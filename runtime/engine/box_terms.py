@@ -9,6 +9,7 @@ import math
 
 import torch
 
+from shardbound.runtime.engine.box_windows import window_box_terms
 from shardbound.runtime.numerics import contract
 from shardbound.runtime.ops import Bounds
 from shardbound.runtime.ops.patches import Patches
@@ -18,11 +19,16 @@ SMALL_BOX_TERMS = 1 << 20       # A-matrix elements up to which both box terms s
 
 def box_terms(A, lower, upper, order: str) -> Bounds:
     """(A.center, |A|.radius) per row. Rows in patches form meet the box at their windows
-    (`fast`) or go dense first (the ordered summations sum over the whole input). Under
+    (`fast`; `blocked` where `box_windows` matches the dense rows' bits) or go dense first
+    (the ordered summations sum over the whole input). Under
     the ordered summations a small A takes both terms from one kernel call (each value
     depends on its two vectors alone, so the bits are those of two calls)."""
     if isinstance(A, Patches):
         if order != "fast":
+            if order == "blocked" and not A.requires_grad:
+                got = window_box_terms(A, lower, upper)     # from the windows, same bits
+                if got is not None:
+                    return got
             K = math.prod(A.node_shape)
             if A.values.shape[0] == 1 and lower.shape[0] == 1 and \
                     not A.requires_grad and K <= SMALL_BOX_TERMS:
