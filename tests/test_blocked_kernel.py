@@ -174,6 +174,8 @@ def test_dot_over_a_vectors_support_equals_the_dense_dot(K):
 
     if not support_dot.works():
         pytest.skip("no pinned BLAS here")
+    if not support_dot.supported(K):    # the callers take the dense rows there
+        pytest.skip(f"this machine's chain model leaves K={K}'s last block unmeasured")
     g = torch.Generator().manual_seed(K)
     for M, density in [(5, 0.3), (300, 0.05), (64, 1.0)]:
         a = data((M, K), M * K, spread=3.0) * (torch.rand(M, K, generator=g) < 0.6)

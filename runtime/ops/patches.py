@@ -227,12 +227,13 @@ class Patches:
         sizes = [p.shape[0] for p in parts]
         return (parts[0] if len(parts) == 1 else torch.cat(parts)), sizes
 
-    def to_dense(self) -> torch.Tensor:
+    def to_dense(self, out: torch.Tensor | None = None) -> torch.Tensor:
         """The rows as a dense (B, S, C, H, W) tensor (zeros outside the windows); under
-        autograd through `_DenseRows` (the gradient is the dense gradient at the windows)."""
+        autograd through `_DenseRows` (the gradient is the dense gradient at the windows).
+        `out` (not under autograd): written there instead of a new tensor."""
         if _differentiable(self.values):
             return _DenseRows.apply(self.values, self)
-        return self._to_dense()
+        return self._to_dense(out)
 
     def window_gradient(self, grad: torch.Tensor) -> torch.Tensor:
         """The gradient of `to_dense` w.r.t. the values: `grad` (B, S, C, H, W) at each row's
@@ -247,13 +248,17 @@ class Patches:
         picked = views[:, rows, :, self.origin[:, 0] + top, self.origin[:, 1] + left]
         return picked.transpose(0, 1).contiguous()             # (B, S, C, ph, pw)
 
-    def _to_dense(self) -> torch.Tensor:
+    def _to_dense(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The dense rows, written into `out` ((B, S, C, H, W), any contents) when given."""
         B, S, C, ph, pw = self.values.shape
         H, W = self.node_shape[1:]
         if B * C <= FEW_CHANNELS:
-            return self._to_dense_by_window()
+            return self._to_dense_by_window(out)
         ys, xs = self._coords()
-        out = self.values.new_zeros((B, S, C, H, W))
+        if out is None:
+            out = self.values.new_zeros((B, S, C, H, W))
+        else:
+            out.zero_()
         keep = self.inside()                                       # (S, ph, pw)
         rows = torch.arange(S, device=self.origin.device)[:, None, None].expand(S, ph, pw)
         ys, xs = ys[:, :, None].expand(S, ph, pw), xs[:, None, :].expand(S, ph, pw)
@@ -262,7 +267,7 @@ class Patches:
             self.values.permute(1, 3, 4, 0, 2)[keep]
         return out
 
-    def _to_dense_by_window(self) -> torch.Tensor:
+    def _to_dense_by_window(self, dest: torch.Tensor | None = None) -> torch.Tensor:
         """`to_dense` writing each row's window whole into a grid padded by the windows'
         reach, then cropped: one index per row instead of one per window position (5x
         faster on the input's 3 channels, where the per-position indexing dominated). The
@@ -276,19 +281,24 @@ class Patches:
         views[:, rows, :, self.origin[:, 0] + top, self.origin[:, 1] + left] = \
             self.values.transpose(0, 1)
         if top or bottom or left or right:
-            return out[:, :, :, top:top + H, left:left + W].contiguous()
-        return out
+            out = out[:, :, :, top:top + H, left:left + W]
+        if dest is None:
+            return out.contiguous()
+        return dest.copy_(out)
 
-    def dense_map(self, fn, chunk_elements: int = DENSE_CHUNK) -> torch.Tensor:
+    def dense_map(self, fn, chunk_elements: int = DENSE_CHUNK, dense: bool = True
+                  ) -> torch.Tensor:
         """cat over row chunks of fn(dense rows (B, s, C, H, W)) along dim 1: a sum over the
         node's elements in the dense rows' order without holding all dense rows at once
-        (every kernel's rows are independent, so chunking changes no bit)."""
+        (every kernel's rows are independent, so chunking changes no bit). `dense` False:
+        fn gets each chunk's rows as patches (it makes their dense rows where it wants)."""
         S = self.values.shape[1]
         step = max(1, chunk_elements // max(1, math.prod(self.node_shape)))
+        make = Patches.to_dense if dense else (lambda p: p)
         if step >= S:
-            return fn(self.to_dense())
-        parts = [fn(Patches(self.values[:, s0:s0 + step], self.origin[s0:s0 + step],
-                            self.node_shape).to_dense()) for s0 in range(0, S, step)]
+            return fn(make(self))
+        parts = [fn(make(Patches(self.values[:, s0:s0 + step], self.origin[s0:s0 + step],
+                                 self.node_shape))) for s0 in range(0, S, step)]
         return torch.cat(parts, dim=1)
 
     def support_dot(self, vec: torch.Tensor, order: str) -> "torch.Tensor | None":

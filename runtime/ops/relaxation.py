@@ -167,10 +167,12 @@ class ElementwiseRelaxation(Op):
         for s0 in range(0, S, step):
             rows = [A.with_values(A.values[:, s0:s0 + step], A.origin[s0:s0 + step])
                     for A in sides]
+            dsts = [out[:, s0:s0 + step] for out in outs]
             (l_in,), (u_in,), l_bias, u_bias = self._crown_patch_rows(
-                rows[0], None if uA is None else rows[1], lines, table)
-            for out, A_in, bias, acc in zip(outs, (l_in, u_in), (l_bias, u_bias), biases):
-                out[:, s0:s0 + step] = A_in.values
+                rows[0], None if uA is None else rows[1], lines, table, dsts)
+            for dst, A_in, bias, acc in zip(dsts, (l_in, u_in), (l_bias, u_bias), biases):
+                if A_in.values.data_ptr() != dst.data_ptr():    # not written in place
+                    dst.copy_(A_in.values)
                 acc.append(bias)
         biases = [None if acc[0] is None else torch.cat(acc, dim=1) for acc in biases]
         lA_in = lA.with_values(outs[0], dirty=False)
@@ -242,18 +244,20 @@ class ElementwiseRelaxation(Op):
                                            g["lower_slope"], g["lower_icpt"])
         return [lA_in], [uA_in], l_bias, u_bias
 
-    def _crown_patch_rows(self, lA, uA, lines: Lines, table=None):
+    def _crown_patch_rows(self, lA, uA, lines: Lines, table=None, outs=(None, None)):
         """`_crown_patches` on rows whose windows lie alike on both sides (`table`: the
-        lines' windows per grid position, made once for all chunks of a step)."""
+        lines' windows per grid position, made once for all chunks of a step; `outs`: where
+        each side's values may be written, see `_side_patches`)."""
         full = _line_tensors(lines)
         got = dict(zip(full, lA.gather_many(list(full.values()), table=table)))
         g = {k: (None if k not in full else (full[k], got[k])) for k in _LINE_NAMES}
+        outs = list(outs) + [None] * (2 - len(outs))
         lA_in, l_bias = self._side_patches(lA, g["lower_slope"], g["lower_icpt"],
-                                           g["upper_slope"], g["upper_icpt"])
+                                           g["upper_slope"], g["upper_icpt"], out=outs[0])
         if uA is None:
             return [lA_in], [None], l_bias, None
         uA_in, u_bias = self._side_patches(uA, g["upper_slope"], g["upper_icpt"],
-                                           g["lower_slope"], g["lower_icpt"])
+                                           g["lower_slope"], g["lower_icpt"], out=outs[1])
         return [lA_in], [uA_in], l_bias, u_bias
 
     def _side(self, A, pos_slope, pos_icpt, neg_slope, neg_icpt, closed_form: bool = False):
@@ -280,10 +284,13 @@ class ElementwiseRelaxation(Op):
         return A_in.add_(pos), bias
 
     def _side_patches(self, A: Patches, pos_slope, pos_icpt, neg_slope, neg_icpt,
-                      closed_form: bool = False):
+                      closed_form: bool = False, out: torch.Tensor | None = None):
         """`_side` on rows in patches form; each line is (the full tensor, its values at the
         windows) or None. The same elementwise steps; the bias terms summed over the windows
-        (`fast`) or over the dense rows (ordered summations: the dense bits)."""
+        (`fast`) or over the dense rows (ordered summations: the dense bits). `out`, of the
+        values' shape: the result is written there (a chunk of the step's output: no copy
+        of each chunk afterwards; elementwise products have the same bits wherever they
+        land)."""
         B, S = self._rows(A)
         values = A.values
         pos = values.clamp(min=0)
@@ -304,7 +311,11 @@ class ElementwiseRelaxation(Op):
             line[0] for line in (pos_icpt, neg_icpt) if line is not None))
         if closed_form and grad:
             return A.with_values(_lines_step(values, pos, pos_slope[1], ns), dirty=False), bias
-        A_in = values * ns
+        if out is not None and not grad and out.shape == pos.shape and \
+                tuple(broadcast_shape(values.shape, ns.shape)) == tuple(out.shape):
+            A_in = torch.mul(values, ns, out=out)
+        else:
+            A_in = values * ns
         step = pos_slope[1] - ns
         if grad or A_in.shape != pos.shape:
             return A.with_values(A_in + pos * step, dirty=False), bias
