@@ -424,6 +424,15 @@ def _tighter(sb: dict, ref: dict, method: str) -> tuple[float, float]:
     return min(diffs), max(diffs)
 
 
+def _row(name, method, tool, is_reference, tighter, seconds, ratio, cpu, cpu_x, peak) -> str:
+    """One table row: wall seconds and its ratio, CPU ms (min / median of `cpu`), the CPU
+    ratio, how much tighter (blank for the reference tool) and the peak in MiB."""
+    tight = "" if is_reference else f"{tighter[0]:+.2e} / {tighter[1]:+.2e}"
+    return (f"| {name} | {method} | {tool} | {seconds:.4f} | {ratio:.2f} | "
+            f"{min(cpu) * 1e3:.2f} / {statistics.median(cpu) * 1e3:.2f} | {cpu_x:.2f} | "
+            f"{tight} | {peak / 2 ** 20:.1f} |")
+
+
 def _one_bound_rows(name, mdir, tools, method, reference, args):
     """`--one-bound`: each tool bounds once, in a worker of its own (the memory workers' mmap
     threshold), its peak RSS reset before that bound (so lazy one-time set-up counts in the
@@ -439,13 +448,10 @@ def _one_bound_rows(name, mdir, tools, method, reference, args):
             w.close()
     rows = []
     for t in tools:
-        lo, hi = _tighter(got[t], got[reference], method)
-        tight = "" if t == reference else f"{lo:+.2e} / {hi:+.2e}"
-        rows.append(f"| {name} | {method} | {t} | {got[t]['seconds']:.4f} | "
-                    f"{got[t]['seconds'] / got[reference]['seconds']:.2f} | "
-                    f"{got[t]['cpu_seconds'] * 1e3:.2f} / {got[t]['cpu_seconds'] * 1e3:.2f} | "
-                    f"{got[t]['cpu_seconds'] / got[reference]['cpu_seconds']:.2f} | {tight} | "
-                    f"{got[t]['peak_bytes'] / 2 ** 20:.1f} |")
+        g, ref = got[t], got[reference]
+        rows.append(_row(name, method, t, t == reference, _tighter(g, ref, method), g["seconds"],
+                         g["seconds"] / ref["seconds"], [g["cpu_seconds"]],
+                         g["cpu_seconds"] / ref["cpu_seconds"], g["peak_bytes"]))
     notes = [f"{name} {method} {t}: one bound, bits {got[t]['bits']}" for t in tools]
     return rows, notes
 
@@ -486,13 +492,10 @@ def bench_model(name: str, mdir: str, tools: list[str], methods: list[str], args
         cpu = {t: [g["cpu_seconds"] for g in got[t]] for t in tools}
         for t in tools:
             ratio = statistics.median(a / b for a, b in zip(runs[t], runs[reference]))
-            lo, hi = _tighter(last[t], last[reference], method)
-            tight = "" if t == reference else f"{lo:+.2e} / {hi:+.2e}"
-            rows.append(f"| {name} | {method} | {t} | {statistics.median(runs[t]):.4f} | "
-                        f"{ratio:.2f} | {min(cpu[t]) * 1e3:.2f} / "
-                        f"{statistics.median(cpu[t]) * 1e3:.2f} | "
-                        f"{min(cpu[t]) / min(cpu[reference]):.2f} | {tight} | "
-                        f"{peaks[t] / 2 ** 20:.1f} |")
+            rows.append(_row(name, method, t, t == reference,
+                             _tighter(last[t], last[reference], method),
+                             statistics.median(runs[t]), ratio, cpu[t],
+                             min(cpu[t]) / min(cpu[reference]), peaks[t]))
             notes.append(f"{name} {method} {t}: per bound (medians) wall - CPU "
                          f"{statistics.median(a - b for a, b in zip(runs[t], cpu[t])) * 1e3:.2f}"
                          f" ms, sys {statistics.median(g['sys_seconds'] for g in got[t]) * 1e3:.2f}"
