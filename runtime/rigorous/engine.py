@@ -164,7 +164,8 @@ class RigorousBounds:
         l, h = bounds[n.name]
         B = l.shape[0]
         fl, fh = l.reshape(B, -1), h.reshape(B, -1)
-        idx = torch.nonzero(self._inexact(n, bounds).reshape(B, -1).any(dim=0)).reshape(-1)
+        mask = self._inexact(n, bounds).reshape(B, -1)
+        idx = torch.nonzero(mask.any(dim=0)).reshape(-1)
         if len(idx) == 0:
             return l, h
         M = fl.shape[1]
@@ -173,6 +174,10 @@ class RigorousBounds:
             self._window_rows(n, idx, bounds, lo, hi, new_l, new_h)
             return new_l.reshape(l.shape), new_h.reshape(h.shape)
         mags = {}
+        counts = mask.sum(dim=1)
+        if int(counts.max()) < len(idx):
+            self._domain_rows(n, mask, counts, bounds, lo, hi, new_l, new_h, mags)
+            return new_l.reshape(l.shape), new_h.reshape(h.shape)
         for at in range(0, len(idx), self.row_chunk):
             rows = idx[at:at + self.row_chunk]
             eye = torch.zeros(len(rows), M, dtype=DT)
@@ -183,6 +188,29 @@ class RigorousBounds:
             new_l[:, rows] = torch.maximum(new_l[:, rows], c[:, :len(rows)])
             new_h[:, rows] = torch.minimum(new_h[:, rows], -c[:, len(rows):])
         return new_l.reshape(l.shape), new_h.reshape(h.shape)
+
+    def _domain_rows(self, n, mask, counts, bounds, lo, hi, new_l, new_h, mags):
+        """`_node_bounds` with each box's own inexact neurons as its rows (mask (B, M)), not
+        the batch's union: branch and bound's domains differ in which neurons their splits
+        and carried bounds leave unstable. Each box gets max(counts) rows per side, its own
+        neurons in index order, then zero rows (their results are not used); a row's bound
+        holds for its neuron whatever the other rows are."""
+        B, M = mask.shape
+        r = int(counts.max())
+        # each box's inexact neurons first (index order), then the others: a permutation, so
+        # the positions of one box are distinct
+        order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)[:, :r]
+        valid = torch.arange(r).unsqueeze(0) < counts.unsqueeze(1)
+        for at in range(0, r, self.row_chunk):
+            pos, ok = order[:, at:at + self.row_chunk], valid[:, at:at + self.row_chunk]
+            k = pos.shape[1]
+            eye = torch.zeros(B, k, M, dtype=DT)
+            eye.scatter_(2, pos.unsqueeze(-1), ok.unsqueeze(-1).to(DT))
+            L0 = torch.cat([eye, -eye], dim=1).reshape(B, 2 * k, *n.shape)
+            c = self._backward(n.name, L0, bounds, lo, hi, mags=mags)
+            cur_l, cur_h = new_l.gather(1, pos), new_h.gather(1, pos)
+            new_l.scatter_(1, pos, torch.where(ok, torch.maximum(cur_l, c[:, :k]), cur_l))
+            new_h.scatter_(1, pos, torch.where(ok, torch.minimum(cur_h, -c[:, k:]), cur_h))
 
     def _tile(self, n):
         """The largest spatial tile (side, rows per chunk) whose rows fit the row budget,
@@ -312,7 +340,8 @@ class RigorousBounds:
 
     def spec_lower(self, lo, hi, C, splits=None, lagrangian=None, prior=None, cuts=None,
                    node_alphas=None, both=False, bounds=None) -> torch.Tensor:
-        """(B, S) rigorous lower bounds of C . f(x) (C (S, n_out) float64) over each box;
+        """(B, S) rigorous lower bounds of C . f(x) (C (S, n_out) float64, or (B, S, n_out):
+        rows per box) over each box;
         +inf for a box that the split assumptions leave empty. `lagrangian` = (alphas, betas):
         the final pass's relaxation parameters (op name -> (B, S, ...)) and split multipliers
         (split node -> (B, S, *shape), >= 0; their split signs from `splits`). prior, cuts,
@@ -325,6 +354,9 @@ class RigorousBounds:
         hi = hi.to(DT).reshape(hi.shape[0], -1)
         B = lo.shape[0]
         C = torch.as_tensor(C, dtype=DT)
+        # (S, n_out): the same rows on every box; (B, S, n_out): each box its own rows (branch
+        # and bound's (domain, row) pairs, certificate.py)
+        Cb = C.unsqueeze(0).expand(B, -1, -1) if C.dim() == 2 else C
         alphas = extra = None
         if lagrangian is not None:
             alphas, betas = lagrangian
@@ -340,13 +372,13 @@ class RigorousBounds:
             else:       # float32: the allowances of these bounds, not the last call's
                 self.f32_deltas(bounds)
             self.last_bounds = bounds
-            L0 = C.unsqueeze(0).expand(B, -1, -1).reshape(B, C.shape[0], *self.output.shape)
+            L0 = Cb.reshape(B, Cb.shape[1], *self.output.shape)
             lb = self._backward(self.output.name, L0, bounds, lo, hi, alphas, extra)
             if both and lagrangian is not None:
                 lb = torch.maximum(lb, self._backward(self.output.name, L0, bounds, lo, hi))
             ol, oh = bounds[self.output.name]
-            sel = torch.where(C.unsqueeze(0) >= 0, ol.reshape(B, 1, -1), oh.reshape(B, 1, -1))
-            lb = torch.maximum(lb, dot_lower(C.unsqueeze(0).expand(B, -1, -1), sel))
+            sel = torch.where(Cb >= 0, ol.reshape(B, 1, -1), oh.reshape(B, 1, -1))
+            lb = torch.maximum(lb, dot_lower(Cb, sel))
             empty = torch.zeros(B, dtype=torch.bool)
             for l, h in bounds.values():
                 empty |= (l > h).reshape(B, -1).any(dim=1)
