@@ -5,8 +5,9 @@ compiler's bound plan bounds by CROWN (`network.intermediate`) that are not a bo
 map of one (IBP is exact there), a backward pass for the neurons some relaxed consumer's
 relaxation is inexact on (`inexact_inputs`); ReLU split assumptions are clamps on the bounds.
 The backward pass sums each step's computed coefficients, charges and bias lower bounds, and
-concretises over the input box as a dot product (gamma allowance, one ulp down). float32 mode
-charges |Lambda| . delta at every node with a float32 allowance.
+concretises over the input box from its centre and radius (core.box_lower: dot products with
+a gamma allowance, one ulp down). float32 mode charges |Lambda| . delta at every node with a
+float32 allowance.
 
 The final pass may carry a Lagrangian (beta-CROWN's leaves, issue 17): the relaxations'
 optimised parameters (alpha, any feasible value) and split multipliers beta >= 0 injected as
@@ -24,8 +25,8 @@ import torch
 
 from shardbound.runtime.errors import ShardboundError
 from shardbound.runtime.rigorous import window
-from shardbound.runtime.rigorous.core import (DT, RowAccount, absdot_upper, dot_lower, down,
-                                              step_class, up)
+from shardbound.runtime.rigorous.core import (DT, RowAccount, absdot_upper, box_lower,
+                                              dot_lower, down, step_class, up)
 
 SOUNDNESS = ("default", "real", "float32")
 ROW_CHUNK = 512          # intermediate rows bounded per backward pass, at most
@@ -130,9 +131,7 @@ class RigorousBounds:
             if L is None:
                 continue
             if not n.inputs:
-                flatL = L.reshape(B, S, -1)
-                sel = torch.where(flatL >= 0, lo.reshape(B, 1, -1), hi.reshape(B, 1, -1))
-                walk.gain(dot_lower(flatL, sel))
+                walk.gain(box_lower(L.reshape(B, S, -1), lo, hi))
                 continue
             if self.float32:
                 delta = self._delta[n.name]
