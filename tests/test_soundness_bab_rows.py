@@ -7,13 +7,13 @@ Lagrangian re-evaluated on that pair alone.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
 
 import zoo
-from shardbound.runtime.parallel.dist import SingleComm
-from shardbound.runtime.verification.spec import Conjunction, Spec, SpecCase
 
 EPS = 0.1
 EPS_SPLIT = 0.03     # the split-domain tests' box half-width
@@ -163,25 +163,29 @@ def test_row_bounds_of_pairs_hold_and_are_as_tight_as_beta_crown(net):
 
 
 def test_real_mode_branch_and_bound_skips_rows_parents_proved(net, monkeypatch):
-    """verify in real mode on two rows that need branch and bound: beta-CROWN is asked for
+    """Branch and bound with the certifier real mode builds (`LeafCertifier` with
+    `row_bounds`), on two rows that full alpha-CROWN leaves open: beta-CROWN is asked for
     fewer (domain, row) pairs than its domains have rows once a parent proved a row
-    rigorously, the leaves are closed by the carried row bounds, and the verdict is the
-    default mode's unsat."""
+    rigorously, and the leaves, closed by the carried rigorous row bounds, prove the box."""
     import shardbound.runtime.verification.relu_split as relu_split
     from shardbound.runtime.engine.full_alpha import root_bounds
+    from shardbound.runtime.rigorous import RigorousBounds
+    from shardbound.runtime.verification.certificate import LeafCertifier
     from shardbound.runtime.verification.spec import outward_box
-    from shardbound.runtime.verification.verdict import verify
 
     network = net.network
+    rig = RigorousBounds(network, "real")
     lo, hi = outward_box(-EPS * np.ones(20), EPS * np.ones(20))
     C = torch.tensor(ROWS, dtype=torch.float32)
     with torch.no_grad():
         cache = network.intermediate_bounds(lo[None], hi[None])
-    lb, _ = root_bounds(network, lo[None], hi[None], C, cache)
+    lb, prior = root_bounds(network, lo[None], hi[None], C, cache)
     d = lb[0].double().numpy() + 0.01               # both rows open after full alpha-CROWN
-    case = SpecCase(-EPS * np.ones(20), EPS * np.ones(20),
-                    (Conjunction(ROWS[:1].copy(), d[:1]), Conjunction(ROWS[1:].copy(), d[1:])))
-    spec = Spec("t", 20, 3, (case,))
+    owner = np.array([0, 1])                        # two conjunctions of one row each
+    rlo, rhi = rig.outward(lo[None].double(), hi[None].double())
+    box = rig.all_bounds(rlo, rhi)
+    cert = LeafCertifier(rig, None, lambda ok: ok, box,
+                         lower=lambda *a, **kw: rig.spec_lower(*a, **kw), C=C.double())
     asked = []
     own = relu_split.optimise_pairs
 
@@ -189,8 +193,8 @@ def test_real_mode_branch_and_bound_skips_rows_parents_proved(net, monkeypatch):
         asked.append((int(pairs.sum()), int(pairs.any(dim=1).sum()) * pairs.shape[1]))
         return own(network, ibp, known, lo, hi, C, splits, lb, pairs, *a, **kw)
     monkeypatch.setattr(relu_split, "optimise_pairs", spy)
-    for mode in ("real", "default"):
-        r = verify(net, spec, 60, SingleComm(), soundness=mode, milp="off")
-        assert r.verdict == "unsat" and r.stages[-1] == "case 0: relu-split", (mode, r.stages)
-        if mode == "real":
-            assert asked and any(p < full for p, full in asked), asked
+    res = relu_split.relu_split(network, C, d, owner, lo, hi, time.monotonic() + 60,
+                                lambda f: f, lambda xs: None, root_prior=prior, certify=cert,
+                                attack_domains=0)
+    assert res.verdict == "unsat" and res.domains > 4, res
+    assert asked and any(p < full for p, full in asked), asked
