@@ -198,3 +198,48 @@ def test_real_mode_branch_and_bound_skips_rows_parents_proved(net, monkeypatch):
                                 attack_domains=0)
     assert res.verdict == "unsat" and res.domains > 4, res
     assert asked and any(p < full for p, full in asked), asked
+
+
+def test_children_split_after_a_node_keep_its_carried_bounds(net):
+    """domain_bounds with `since`: children whose last split is on the second layer get
+    that layer's carried bounds (its CROWN depends only on the first layer's lines, which did
+    not change), equal to recomputing them up to float64 rounding, and still holding at the
+    sampled points; children split on the first layer are bounded afresh."""
+    from shardbound.runtime.rigorous import RigorousBounds
+    from shardbound.runtime.verification.certificate import LeafCertifier
+
+    rig = RigorousBounds(net.network, "real")
+    lower, upper = -EPS_SPLIT * np.ones(20), EPS_SPLIT * np.ones(20)
+    lo, hi = rig.outward(lower[None], upper[None])
+    z, splits, points = _domains(rig, lower, upper)
+    k = len(splits[z])
+    los, his = lo.expand(k, -1), hi.expand(k, -1)
+    z2 = [n for n in rig.nodes if n.op.kind == "relu"][1].inputs[0]
+    cert = LeafCertifier(rig, None, lambda ok: ok)
+    parent = cert.domain_bounds(los, his, splits)
+    zl, zh = parent[z2]
+    s2 = torch.zeros(zl.shape, dtype=torch.int8)
+    for b in range(k):          # each child: its parent's point's sign at an unstable z2
+        j = int(torch.nonzero((zl[b] < 0) & (zh[b] > 0)).reshape(-1)[0])
+        s2[b, j] = 1 if float(points[b][z2][0, j]) >= 0 else -1
+    child = {z: splits[z], z2: s2}
+    carried = {name: parent[name] for name in (z, z2)}
+    calls = []
+    own = rig._node_bounds
+    rig._node_bounds = lambda n, b, lo, hi, fresh=None: (calls.append(fresh), own(n, b, lo, hi,
+                                                                                 fresh))[1]
+    kept = cert.domain_bounds(los, his, child, carried=carried, since=torch.ones(k).long())
+    again = cert.domain_bounds(los, his, child, carried=carried)
+    assert calls[0] is not None and not bool(calls[0].any()) and calls[1] is None
+    for name, (l, h) in kept.items():
+        assert torch.allclose(l, again[name][0], rtol=1e-9, atol=1e-12), name
+        assert torch.allclose(h, again[name][1], rtol=1e-9, atol=1e-12), name
+    for b in range(k):
+        inside = _inside(points[b], z, splits[z][b]) & _inside(points[b], z2, s2[b])
+        assert int(inside.sum()) > 20
+        for name, (l, h) in kept.items():
+            v = points[b][name].reshape(len(inside), -1)[inside]
+            assert (v >= l[b]).all() and (v <= h[b]).all(), name
+    first = cert.domain_bounds(los, his, child, carried=carried, since=torch.zeros(k).long())
+    assert calls[2] is not None and bool(calls[2].all())
+    assert all(torch.equal(first[n][0], again[n][0]) for n in first)

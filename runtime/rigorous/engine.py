@@ -157,9 +157,12 @@ class RigorousBounds:
                     mask |= m
         return mask
 
-    def _node_bounds(self, n, bounds, lo, hi):
+    def _node_bounds(self, n, bounds, lo, hi, fresh=None):
         """CROWN lower and upper bounds of the neurons of n whose relaxation is inexact in
-        some box, the rest kept."""
+        some box, the rest kept; `fresh` (B,) bool: only those boxes (the others keep the
+        bounds they have, which hold)."""
+        if fresh is not None and not bool(fresh.all()):
+            return self._some_boxes(n, bounds, lo, hi, fresh)
         l, h = bounds[n.name]
         B = l.shape[0]
         fl, fh = l.reshape(B, -1), h.reshape(B, -1)
@@ -187,6 +190,23 @@ class RigorousBounds:
             new_l[:, rows] = torch.maximum(new_l[:, rows], c[:, :len(rows)])
             new_h[:, rows] = torch.minimum(new_h[:, rows], -c[:, len(rows):])
         return new_l.reshape(l.shape), new_h.reshape(h.shape)
+
+    def _some_boxes(self, n, bounds, lo, hi, fresh):
+        """`_node_bounds` on the boxes `fresh` only, the others' bounds kept."""
+        l, h = bounds[n.name]
+        if not bool(fresh.any()):
+            return l, h
+        at = torch.nonzero(fresh).reshape(-1)
+        sub = {k: (a.index_select(0, at), b.index_select(0, at)) for k, (a, b) in bounds.items()}
+        held = self._delta
+        self._delta = {k: None if v is None else v.index_select(0, at) for k, v in held.items()}
+        try:
+            sl, sh = self._node_bounds(n, sub, lo.index_select(0, at), hi.index_select(0, at))
+        finally:
+            self._delta = held
+        l, h = l.clone(), h.clone()
+        l[at], h[at] = sl, sh
+        return l, h
 
     def _domain_rows(self, n, mask, counts, bounds, lo, hi, new_l, new_h, mags):
         """`_node_bounds` with each box's own inexact neurons as its rows (mask (B, M)), not
@@ -304,7 +324,7 @@ class RigorousBounds:
         return l, h
 
     def all_bounds(self, lo, hi, splits=None, prior=None, cuts=None, node_alphas=None,
-                   check=None):
+                   check=None, fresh=None):
         """Rigorous bounds of every node over the boxes lo, hi (B, n) float64 (already
         outward), with ReLU split assumptions applied (name of a ReLU input -> int8 (B,
         *shape)), interval splits `cuts` (node -> (a, b) (B, *shape): the domain assumes a
@@ -312,7 +332,10 @@ class RigorousBounds:
         intersected in before the node is bounded by CROWN (fewer inexact neurons).
         `node_alphas` (node -> (neuron indices, {op: alphas})): full alpha-CROWN's
         intermediate passes, re-evaluated beside plain CROWN (both bounds hold). `check()`
-        runs before each CROWN-bounded node (the verify budget's, which raises when spent)."""
+        runs before each CROWN-bounded node (the verify budget's, which raises when spent).
+        `fresh` (node -> (B,) bool): the boxes whose CROWN of that node is computed; the
+        others keep what `cuts` and `prior` give (branch and bound's carried bounds, where
+        no split before the node changed since they were computed)."""
         B = lo.shape[0]
         bounds = {}
         self._delta = {}
@@ -329,7 +352,8 @@ class RigorousBounds:
             if n.name in self.crown_nodes:
                 if check is not None:
                     check()
-                bounds[n.name] = self._node_bounds(n, bounds, lo, hi)
+                bounds[n.name] = self._node_bounds(
+                    n, bounds, lo, hi, None if fresh is None else fresh.get(n.name))
             if node_alphas and n.name in node_alphas:
                 index, alphas = node_alphas[n.name]
                 alphas = {k: a.detach().to("cpu", DT) for k, a in alphas.items()}

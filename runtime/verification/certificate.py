@@ -94,16 +94,26 @@ class LeafCertifier:
         self.prior, self.check = prior, check
         self.lower, self.C = lower, C       # `row_bounds`' spec_lower and spec rows (S, out)
 
-    def domain_bounds(self, los, his, splits, cuts=None, carried=None) -> dict:
+    def domain_bounds(self, los, his, splits, cuts=None, carried=None, since=None) -> dict:
         """Rigorous bounds of every node on each domain (los, his (B, ...) its box, splits its
         sign assumptions, cuts its interval ones, carried: node -> (lower, upper) (B, *shape),
-        the rigorous bounds of its parent, which hold on it)."""
+        the rigorous bounds of its parent, which hold on it, the split nodes in branch and
+        bound's order). `since` (B,) int: per domain, the split node (an index into that
+        order) of its last split, -1 for none known: a node no later than it is bounded by
+        the same relaxations as on the parent, so its CROWN is not redone there (the carried
+        bounds are the parent's CROWN under the same lines)."""
         B = len(los)
         lo = los.reshape(B, -1).to("cpu", torch.float64)
         hi = his.reshape(B, -1).to("cpu", torch.float64)
+        fresh = None
+        if since is not None and carried:
+            pos = {n.name: i for i, n in enumerate(self.rig.nodes)}
+            at = torch.tensor([pos[name] for name in carried])
+            first = torch.where(since >= 0, at[since.clamp(min=0)], -1)
+            fresh = {name: pos[name] > first for name in self.rig.crown_nodes}
         with torch.no_grad():
             return self.rig.all_bounds(lo, hi, splits, self.prior, _intersect(carried, cuts),
-                                       check=self.check)
+                                       check=self.check, fresh=fresh)
 
     def row_bounds(self, los, his, splits, bounds, pairs=None) -> torch.Tensor:
         """(B, S) float64: a rigorous lower bound of every spec row on each domain, from its

@@ -347,6 +347,7 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
     shapes = [tuple(r.shape) for r in relus]
     rbounds = None
     depth = torch.zeros(1, dtype=torch.float64)
+    since = torch.full((1,), -1)     # per domain: the split op of its last split (certificate.py)
     key = torch.zeros(1, dtype=torch.float64)   # the parent's margin: most violated first
     # Default mode: the parents' bounds per spec row, which hold on their children (a
     # subset), so a row a parent proved stays proved and beta-CROWN optimises only the open
@@ -370,7 +371,7 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         r = resume
         stack, depth, key, warm, has, cuts, store = (r.stack, r.depth, r.key, r.warm, r.has,
                                                      r.cuts, r.store)
-        rbounds = r.rbounds
+        rbounds, since = r.rbounds, torch.full((len(stack),), -1)    # a new prior: afresh
         plb = r.plb
         bounded, verified, unresolved, rounds = r.bounded, r.verified, r.unresolved, r.rounds
         bounds = r.bounds
@@ -402,11 +403,12 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
             final = agree(_proof_out_of_reach(verified, midway or (start, 0.0), deadline))
             final_at = math.inf         # decided once
         take = min(batch, len(stack))
-        _swap_((stack, depth, key, warm, has, bounds, cuts, plb, rbounds),
+        _swap_((stack, depth, key, warm, has, bounds, cuts, plb, rbounds, since),
                *_best_to_tail(key, take))
         dom, ddepth = stack[-take:], depth[-take:]
         bwarm, bhas, bplb = warm[-take:], has[-take:], plb[-take:]
         stack, depth, key, plb = stack[:-take], depth[:-take], key[:-take], plb[:-take]
+        bsince, since = since[-take:], since[:-take]
         warm, has = warm[:-take], has[:-take]
         prior = bcuts = brb = None
         if cuts is not None:
@@ -487,7 +489,7 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
             cut = None if bcuts is None else cut_dict(bcuts, relus, names, local, n_sign)
         if domain_bounds is not None:
             rb = domain_bounds(blo, bhi, {k: v.cpu() for k, v in splits.items()}, cut,
-                               carried_dict(brb, names, shapes))
+                               carried_dict(brb, names, shapes), since=bsince)
         if by_rows:
             # every domain's rigorous row bounds (its parent's proved rows stay proved); a
             # domain is closed when they refute every conjunction, whatever the engine says
@@ -579,6 +581,8 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
                                               best, ~sign)
         stack = torch.cat([stack, inactive, active])
         depth = torch.cat([depth, odepth + 1, odepth + 1])
+        osince = torch.bucketize(best, torch.as_tensor(offsets[1:]), right=True)
+        since = torch.cat([since, osince, osince])
         key = torch.cat([key, oclose, oclose])
         plb = torch.cat([plb, olb, olb])
         ow = bwarm[open_][splittable]
