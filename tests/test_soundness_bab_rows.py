@@ -193,11 +193,18 @@ def test_real_mode_branch_and_bound_skips_rows_parents_proved(net, monkeypatch):
         asked.append((int(pairs.sum()), int(pairs.any(dim=1).sum()) * pairs.shape[1]))
         return own(network, ibp, known, lo, hi, C, splits, lb, pairs, *a, **kw)
     monkeypatch.setattr(relu_split, "optimise_pairs", spy)
-    res = relu_split.relu_split(network, C, d, owner, lo, hi, time.monotonic() + 60,
-                                lambda f: f, lambda xs: None, root_prior=prior, certify=cert,
-                                attack_domains=0)
+    run = lambda **kw: relu_split.relu_split(                               # noqa: E731
+        network, C, d, owner, lo, hi, time.monotonic() + 60, lambda f: f, lambda xs: None,
+        root_prior=prior, certify=cert, attack_domains=0, **kw)
+    res = run()
     assert res.verdict == "unsat" and res.domains > 4, res
     assert asked and any(p < full for p, full in asked), asked
+    # stopped after a few rounds and resumed (verify's first try, then the refined prior)
+    done = len(asked)
+    first = run(keep_state=True, stop=lambda: len(asked) >= done + 3)
+    assert first.verdict == "timeout" and first.state is not None
+    again = run(resume=first.state)
+    assert again.verdict == "unsat" and again.domains > first.domains
 
 
 def test_children_split_after_a_node_keep_its_carried_bounds(net):

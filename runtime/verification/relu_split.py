@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from shardbound.runtime.verification.bab_state import BabState, WarmAlphas, tightened
+from shardbound.runtime.verification.bab_state import BabState, Rows, WarmAlphas, tightened
 from shardbound.runtime.verification.batch_memory import batch_for_memory, memory_figure
 from shardbound.runtime.verification.certificate import (carried_dict, certified, cut_dict,
                                                          down32, no_cuts)
@@ -371,14 +371,16 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         r = resume
         stack, depth, key, warm, has, cuts, store = (r.stack, r.depth, r.key, r.warm, r.has,
                                                      r.cuts, r.store)
-        rbounds, since = r.rbounds, torch.full((len(stack),), -1)    # a new prior: afresh
+        rbounds = None if r.rbounds is None else Rows(r.rbounds.clone())
+        since = torch.full((len(stack),), -1)           # a new prior: every node afresh
         plb = r.plb
         bounded, verified, unresolved, rounds = r.bounded, r.verified, r.unresolved, r.rounds
         bounds = r.bounds
         if root_prior is not None and all(name in root_prior for name in names):
             bounds = tightened(bounds, _flat_bounds(root_prior, names, 1), len(stack))
     if domain_bounds is not None and rbounds is None:       # nothing carried yet
-        rbounds = no_cuts(int(offsets[-1])).to(torch.float64).expand(len(stack), -1, -1).clone()
+        rbounds = Rows(no_cuts(int(offsets[-1])).to(torch.float64).expand(len(stack), -1, -1)
+                       .clone())
     start = time.monotonic()
     final_at = (deadline - final_share * (deadline - start) if math.isfinite(deadline)
                 else math.inf)
@@ -391,7 +393,8 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
             state = None
             if keep_state:
                 state = BabState(stack, depth, key, warm, has, bounds, cuts, store, bounded,
-                                 verified, unresolved, rounds, plb, rbounds)
+                                 verified, unresolved, rounds, plb,
+                                 None if rbounds is None else rbounds.t.clone())
             return ReluBabResult("timeout", domains=bounded, verified_fraction=verified,
                                  state=state)
         if len(stack) > MAX_DOMAINS:
@@ -403,7 +406,8 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
             final = agree(_proof_out_of_reach(verified, midway or (start, 0.0), deadline))
             final_at = math.inf         # decided once
         take = min(batch, len(stack))
-        _swap_((stack, depth, key, warm, has, bounds, cuts, plb, rbounds, since),
+        _swap_((stack, depth, key, warm, has, bounds, cuts, plb, since,
+                None if rbounds is None else rbounds.t),
                *_best_to_tail(key, take))
         dom, ddepth = stack[-take:], depth[-take:]
         bwarm, bhas, bplb = warm[-take:], has[-take:], plb[-take:]
@@ -414,7 +418,7 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         if cuts is not None:
             bcuts, cuts = cuts[-take:], cuts[:-take]
         if rbounds is not None:
-            brb, rbounds = rbounds[-take:], rbounds[:-take]
+            brb = rbounds.take(take)
         if bounds is not None:
             pb, bounds = bounds[-take:].to(dev), bounds[:-take]
             prior = {name: (pb[:, 0, local[i]:local[i + 1]].reshape(take, *relus[i].shape),
@@ -596,7 +600,7 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         bounds = torch.cat([bounds if bounds is not None else okb[:0], below, above])
         if rb is not None:
             rk = _flat_bounds(rb, names, take)[open_][splittable]
-            rbounds = torch.cat([rbounds, rk, rk])
+            rbounds.extend(rk, rk)
     if dropped:
         return ReluBabResult("timeout", domains=bounded, verified_fraction=verified,
                              reason="the final falsification pass found no counterexample")
