@@ -5,8 +5,9 @@ compiler's bound plan bounds by CROWN (`network.intermediate`) that are not a bo
 map of one (IBP is exact there), a backward pass for the neurons some relaxed consumer's
 relaxation is inexact on (`inexact_inputs`); ReLU split assumptions are clamps on the bounds.
 The backward pass sums each step's computed coefficients, charges and bias lower bounds, and
-concretises over the input box as a dot product (gamma allowance, one ulp down). float32 mode
-charges |Lambda| . delta at every node with a float32 allowance.
+concretises over the input box from its centre and radius (core.box_lower: dot products with
+a gamma allowance, one ulp down). float32 mode charges |Lambda| . delta at every node with a
+float32 allowance.
 
 The final pass may carry a Lagrangian (beta-CROWN's leaves, issue 17): the relaxations'
 optimised parameters (alpha, any feasible value) and split multipliers beta >= 0 injected as
@@ -24,8 +25,8 @@ import torch
 
 from shardbound.runtime.errors import ShardboundError
 from shardbound.runtime.rigorous import window
-from shardbound.runtime.rigorous.core import (DT, RowAccount, absdot_upper, dot_lower, down,
-                                              step_class, up)
+from shardbound.runtime.rigorous.core import (DT, RowAccount, absdot_upper, box_lower,
+                                              dot_lower, down, step_class, up)
 
 SOUNDNESS = ("default", "real", "float32")
 ROW_CHUNK = 512          # intermediate rows bounded per backward pass, at most
@@ -130,9 +131,7 @@ class RigorousBounds:
             if L is None:
                 continue
             if not n.inputs:
-                flatL = L.reshape(B, S, -1)
-                sel = torch.where(flatL >= 0, lo.reshape(B, 1, -1), hi.reshape(B, 1, -1))
-                walk.gain(dot_lower(flatL, sel))
+                walk.gain(box_lower(L.reshape(B, S, -1), lo, hi))
                 continue
             if self.float32:
                 delta = self._delta[n.name]
@@ -158,13 +157,17 @@ class RigorousBounds:
                     mask |= m
         return mask
 
-    def _node_bounds(self, n, bounds, lo, hi):
+    def _node_bounds(self, n, bounds, lo, hi, fresh=None):
         """CROWN lower and upper bounds of the neurons of n whose relaxation is inexact in
-        some box, the rest kept."""
+        some box, the rest kept; `fresh` (B,) bool: only those boxes (the others keep the
+        bounds they have, which hold)."""
+        if fresh is not None and not bool(fresh.all()):
+            return self._some_boxes(n, bounds, lo, hi, fresh)
         l, h = bounds[n.name]
         B = l.shape[0]
         fl, fh = l.reshape(B, -1), h.reshape(B, -1)
-        idx = torch.nonzero(self._inexact(n, bounds).reshape(B, -1).any(dim=0)).reshape(-1)
+        mask = self._inexact(n, bounds).reshape(B, -1)
+        idx = torch.nonzero(mask.any(dim=0)).reshape(-1)
         if len(idx) == 0:
             return l, h
         M = fl.shape[1]
@@ -173,6 +176,10 @@ class RigorousBounds:
             self._window_rows(n, idx, bounds, lo, hi, new_l, new_h)
             return new_l.reshape(l.shape), new_h.reshape(h.shape)
         mags = {}
+        counts = mask.sum(dim=1)
+        if int(counts.max()) < len(idx):
+            self._domain_rows(n, mask, counts, bounds, lo, hi, new_l, new_h, mags)
+            return new_l.reshape(l.shape), new_h.reshape(h.shape)
         for at in range(0, len(idx), self.row_chunk):
             rows = idx[at:at + self.row_chunk]
             eye = torch.zeros(len(rows), M, dtype=DT)
@@ -183,6 +190,46 @@ class RigorousBounds:
             new_l[:, rows] = torch.maximum(new_l[:, rows], c[:, :len(rows)])
             new_h[:, rows] = torch.minimum(new_h[:, rows], -c[:, len(rows):])
         return new_l.reshape(l.shape), new_h.reshape(h.shape)
+
+    def _some_boxes(self, n, bounds, lo, hi, fresh):
+        """`_node_bounds` on the boxes `fresh` only, the others' bounds kept."""
+        l, h = bounds[n.name]
+        if not bool(fresh.any()):
+            return l, h
+        at = torch.nonzero(fresh).reshape(-1)
+        sub = {k: (a.index_select(0, at), b.index_select(0, at)) for k, (a, b) in bounds.items()}
+        held = self._delta
+        self._delta = {k: None if v is None else v.index_select(0, at) for k, v in held.items()}
+        try:
+            sl, sh = self._node_bounds(n, sub, lo.index_select(0, at), hi.index_select(0, at))
+        finally:
+            self._delta = held
+        l, h = l.clone(), h.clone()
+        l[at], h[at] = sl, sh
+        return l, h
+
+    def _domain_rows(self, n, mask, counts, bounds, lo, hi, new_l, new_h, mags):
+        """`_node_bounds` with each box's own inexact neurons as its rows (mask (B, M)), not
+        the batch's union: branch and bound's domains differ in which neurons their splits
+        and carried bounds leave unstable. Each box gets max(counts) rows per side, its own
+        neurons in index order, then zero rows (their results are not used); a row's bound
+        holds for its neuron whatever the other rows are."""
+        B, M = mask.shape
+        r = int(counts.max())
+        # each box's inexact neurons first (index order), then the others: a permutation, so
+        # the positions of one box are distinct
+        order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)[:, :r]
+        valid = torch.arange(r).unsqueeze(0) < counts.unsqueeze(1)
+        for at in range(0, r, self.row_chunk):
+            pos, ok = order[:, at:at + self.row_chunk], valid[:, at:at + self.row_chunk]
+            k = pos.shape[1]
+            eye = torch.zeros(B, k, M, dtype=DT)
+            eye.scatter_(2, pos.unsqueeze(-1), ok.unsqueeze(-1).to(DT))
+            L0 = torch.cat([eye, -eye], dim=1).reshape(B, 2 * k, *n.shape)
+            c = self._backward(n.name, L0, bounds, lo, hi, mags=mags)
+            cur_l, cur_h = new_l.gather(1, pos), new_h.gather(1, pos)
+            new_l.scatter_(1, pos, torch.where(ok, torch.maximum(cur_l, c[:, :k]), cur_l))
+            new_h.scatter_(1, pos, torch.where(ok, torch.minimum(cur_h, -c[:, k:]), cur_h))
 
     def _tile(self, n):
         """The largest spatial tile (side, rows per chunk) whose rows fit the row budget,
@@ -277,7 +324,7 @@ class RigorousBounds:
         return l, h
 
     def all_bounds(self, lo, hi, splits=None, prior=None, cuts=None, node_alphas=None,
-                   check=None):
+                   check=None, fresh=None):
         """Rigorous bounds of every node over the boxes lo, hi (B, n) float64 (already
         outward), with ReLU split assumptions applied (name of a ReLU input -> int8 (B,
         *shape)), interval splits `cuts` (node -> (a, b) (B, *shape): the domain assumes a
@@ -285,7 +332,10 @@ class RigorousBounds:
         intersected in before the node is bounded by CROWN (fewer inexact neurons).
         `node_alphas` (node -> (neuron indices, {op: alphas})): full alpha-CROWN's
         intermediate passes, re-evaluated beside plain CROWN (both bounds hold). `check()`
-        runs before each CROWN-bounded node (the verify budget's, which raises when spent)."""
+        runs before each CROWN-bounded node (the verify budget's, which raises when spent).
+        `fresh` (node -> (B,) bool): the boxes whose CROWN of that node is computed; the
+        others keep what `cuts` and `prior` give (branch and bound's carried bounds, where
+        no split before the node changed since they were computed)."""
         B = lo.shape[0]
         bounds = {}
         self._delta = {}
@@ -302,7 +352,8 @@ class RigorousBounds:
             if n.name in self.crown_nodes:
                 if check is not None:
                     check()
-                bounds[n.name] = self._node_bounds(n, bounds, lo, hi)
+                bounds[n.name] = self._node_bounds(
+                    n, bounds, lo, hi, None if fresh is None else fresh.get(n.name))
             if node_alphas and n.name in node_alphas:
                 index, alphas = node_alphas[n.name]
                 alphas = {k: a.detach().to("cpu", DT) for k, a in alphas.items()}
@@ -312,7 +363,8 @@ class RigorousBounds:
 
     def spec_lower(self, lo, hi, C, splits=None, lagrangian=None, prior=None, cuts=None,
                    node_alphas=None, both=False, bounds=None) -> torch.Tensor:
-        """(B, S) rigorous lower bounds of C . f(x) (C (S, n_out) float64) over each box;
+        """(B, S) rigorous lower bounds of C . f(x) (C (S, n_out) float64, or (B, S, n_out):
+        rows per box) over each box;
         +inf for a box that the split assumptions leave empty. `lagrangian` = (alphas, betas):
         the final pass's relaxation parameters (op name -> (B, S, ...)) and split multipliers
         (split node -> (B, S, *shape), >= 0; their split signs from `splits`). prior, cuts,
@@ -325,6 +377,9 @@ class RigorousBounds:
         hi = hi.to(DT).reshape(hi.shape[0], -1)
         B = lo.shape[0]
         C = torch.as_tensor(C, dtype=DT)
+        # (S, n_out): the same rows on every box; (B, S, n_out): each box its own rows (branch
+        # and bound's (domain, row) pairs, certificate.py)
+        Cb = C.unsqueeze(0).expand(B, -1, -1) if C.dim() == 2 else C
         alphas = extra = None
         if lagrangian is not None:
             alphas, betas = lagrangian
@@ -340,13 +395,13 @@ class RigorousBounds:
             else:       # float32: the allowances of these bounds, not the last call's
                 self.f32_deltas(bounds)
             self.last_bounds = bounds
-            L0 = C.unsqueeze(0).expand(B, -1, -1).reshape(B, C.shape[0], *self.output.shape)
+            L0 = Cb.reshape(B, Cb.shape[1], *self.output.shape)
             lb = self._backward(self.output.name, L0, bounds, lo, hi, alphas, extra)
             if both and lagrangian is not None:
                 lb = torch.maximum(lb, self._backward(self.output.name, L0, bounds, lo, hi))
             ol, oh = bounds[self.output.name]
-            sel = torch.where(C.unsqueeze(0) >= 0, ol.reshape(B, 1, -1), oh.reshape(B, 1, -1))
-            lb = torch.maximum(lb, dot_lower(C.unsqueeze(0).expand(B, -1, -1), sel))
+            sel = torch.where(Cb >= 0, ol.reshape(B, 1, -1), oh.reshape(B, 1, -1))
+            lb = torch.maximum(lb, dot_lower(Cb, sel))
             empty = torch.zeros(B, dtype=torch.bool)
             for l, h in bounds.values():
                 empty |= (l > h).reshape(B, -1).any(dim=1)

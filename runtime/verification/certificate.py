@@ -49,6 +49,14 @@ def cut_dict(cuts, ops, names, local, n_sign: int) -> dict:
             for i in range(n_sign, len(ops))}
 
 
+def down32(x: torch.Tensor) -> torch.Tensor:
+    """float64 lower bounds as the float32 ones at or below them (a carried rigorous row
+    bound as the engine's floor)."""
+    from shardbound.runtime.rigorous import to_float32_outward
+
+    return to_float32_outward(x, x)[0]
+
+
 def carried_dict(carried, names, shapes) -> dict:
     """Carried rigorous bounds (b, 2, neurons) float64, `names` flattened in order (shapes:
     each node's, without the batch), as node -> (lower, upper) (b, *shape)."""
@@ -81,20 +89,57 @@ class LeafCertifier:
     prior, cuts, both, bounds)` is RigorousBounds.refuted with the spec bound in; `agree(ok)`
     makes the ranks close the same domains; `prior`: rigorous bounds over the whole box."""
 
-    def __init__(self, rig, refuted, agree, prior=None, check=None):
+    def __init__(self, rig, refuted, agree, prior=None, check=None, lower=None, C=None):
         self.rig, self.refuted, self.agree = rig, refuted, agree
         self.prior, self.check = prior, check
+        self.lower, self.C = lower, C       # `row_bounds`' spec_lower and spec rows (S, out)
 
-    def domain_bounds(self, los, his, splits, cuts=None, carried=None) -> dict:
+    def domain_bounds(self, los, his, splits, cuts=None, carried=None, since=None) -> dict:
         """Rigorous bounds of every node on each domain (los, his (B, ...) its box, splits its
         sign assumptions, cuts its interval ones, carried: node -> (lower, upper) (B, *shape),
-        the rigorous bounds of its parent, which hold on it)."""
+        the rigorous bounds of its parent, which hold on it, the split nodes in branch and
+        bound's order). `since` (B,) int: per domain, the split node (an index into that
+        order) of its last split, -1 for none known: a node no later than it is bounded by
+        the same relaxations as on the parent, so its CROWN is not redone there (the carried
+        bounds are the parent's CROWN under the same lines)."""
         B = len(los)
         lo = los.reshape(B, -1).to("cpu", torch.float64)
         hi = his.reshape(B, -1).to("cpu", torch.float64)
+        fresh = None
+        if since is not None and carried:
+            pos = {n.name: i for i, n in enumerate(self.rig.nodes)}
+            at = torch.tensor([pos[name] for name in carried])
+            first = torch.where(since >= 0, at[since.clamp(min=0)], -1)
+            fresh = {name: pos[name] > first for name in self.rig.crown_nodes}
         with torch.no_grad():
             return self.rig.all_bounds(lo, hi, splits, self.prior, _intersect(carried, cuts),
-                                       check=self.check)
+                                       check=self.check, fresh=fresh)
+
+    def row_bounds(self, los, his, splits, bounds, pairs=None) -> torch.Tensor:
+        """(B, S) float64: a rigorous lower bound of every spec row on each domain, from its
+        rigorous node bounds `bounds` (`domain_bounds`): plain rigorous CROWN under the sign
+        splits, and for the (domain, row) pairs beta-CROWN optimised, `pairs` = (dom, row,
+        alphas, betas) (P,) (P,) and {name: (P, 1, ...)}, the best iterate's Lagrangian
+        re-evaluated on that pair alone (each pair a box with its one row; any alpha in range
+        and beta >= 0 gives a bound); each row keeps the larger. Branch and bound carries
+        these down the tree: a row proved on a domain stays proved on its children (subsets),
+        so beta-CROWN optimises only the pairs still open, as in the default mode."""
+        B = len(los)
+        lo = los.reshape(B, -1).to("cpu", torch.float64)
+        hi = his.reshape(B, -1).to("cpu", torch.float64)
+        splits = {k: v.cpu() for k, v in splits.items()}
+        with torch.no_grad():
+            lb = self.lower(lo, hi, self.C, splits, None, bounds=bounds)
+            if pairs is not None and len(pairs[0]):
+                dom, row, alphas, betas = pairs
+                sub = {k: (a.index_select(0, dom), b.index_select(0, dom))
+                       for k, (a, b) in bounds.items()}
+                lp = self.lower(lo.index_select(0, dom), hi.index_select(0, dom),
+                                self.C[row].unsqueeze(1),
+                                {k: v.index_select(0, dom) for k, v in splits.items()},
+                                (alphas, betas), bounds=sub)
+                lb[dom, row] = torch.maximum(lb[dom, row], lp[:, 0])
+        return lb
 
     def __call__(self, los, his, splits=None, lagrangian=None, cuts=None, bounds=None):
         # with beta-CROWN's parameters, plain CROWN too: where no iterate beat the float32

@@ -47,10 +47,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from shardbound.runtime.verification.bab_state import BabState, WarmAlphas, tightened
+from shardbound.runtime.verification.bab_state import BabState, Rows, WarmAlphas, tightened
 from shardbound.runtime.verification.batch_memory import batch_for_memory, memory_figure
 from shardbound.runtime.verification.certificate import (carried_dict, certified, cut_dict,
-                                                         no_cuts)
+                                                         down32, no_cuts)
 from shardbound.runtime.verification.falsify import attack_domains as _attack_domains
 from shardbound.runtime.verification.input_split import closeness, refuted_conjunctions
 from shardbound.runtime.verification.row_pairs import crown_pairs, optimise_pairs
@@ -347,15 +347,22 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
     shapes = [tuple(r.shape) for r in relus]
     rbounds = None
     depth = torch.zeros(1, dtype=torch.float64)
+    since = torch.full((1,), -1)     # per domain: the split op of its last split (certificate.py)
     key = torch.zeros(1, dtype=torch.float64)   # the parent's margin: most violated first
     # Default mode: the parents' bounds per spec row, which hold on their children (a
     # subset), so a row a parent proved stays proved and beta-CROWN optimises only the open
     # (domain, row) pairs (row_pairs.py; in fsdp each rank its share of them). --soundness
-    # real/float32 certifies each leaf on its own, so there every row is bounded afresh
-    # (whole domains; under row sharding each rank a slice of every domain's rows).
-    carry = certify is None
+    # real/float32 does the same with the parents' rigorous bounds per row (float64, from
+    # `certify.row_bounds` on every domain): a row the parent proved rigorously stays proved,
+    # and the leaf is certified by its rows' rigorous bounds. Under row sharding there every
+    # row is bounded afresh (whole domains, each rank a slice of every domain's rows) and
+    # each leaf certified on its own.
+    by_rows = (certify is not None and getattr(certify, "row_bounds", None) is not None
+               and domain_bounds is not None and not network.rows.enabled)
+    carry = certify is None or by_rows
     by_pairs = carry
-    plb = torch.full((1, C.shape[0]), -math.inf)
+    plb = torch.full((1, C.shape[0]), -math.inf, dtype=torch.float64 if by_rows else None)
+    d_up = np.nextafter(np.asarray(d, np.float64), np.inf)   # the certificate's threshold
     store = WarmAlphas(KEPT_ALPHA_BYTES if warm_start else 0)
     warm = torch.zeros(1, 0)                     # (N, alpha width): the parents' alphas
     has = torch.zeros(1, dtype=torch.bool)       # which domains have them
@@ -364,14 +371,16 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         r = resume
         stack, depth, key, warm, has, cuts, store = (r.stack, r.depth, r.key, r.warm, r.has,
                                                      r.cuts, r.store)
-        rbounds = r.rbounds
+        rbounds = None if r.rbounds is None else Rows(r.rbounds.clone())
+        since = torch.full((len(stack),), -1)           # a new prior: every node afresh
         plb = r.plb
         bounded, verified, unresolved, rounds = r.bounded, r.verified, r.unresolved, r.rounds
         bounds = r.bounds
         if root_prior is not None and all(name in root_prior for name in names):
             bounds = tightened(bounds, _flat_bounds(root_prior, names, 1), len(stack))
     if domain_bounds is not None and rbounds is None:       # nothing carried yet
-        rbounds = no_cuts(int(offsets[-1])).to(torch.float64).expand(len(stack), -1, -1).clone()
+        rbounds = Rows(no_cuts(int(offsets[-1])).to(torch.float64).expand(len(stack), -1, -1)
+                       .clone())
     start = time.monotonic()
     final_at = (deadline - final_share * (deadline - start) if math.isfinite(deadline)
                 else math.inf)
@@ -384,7 +393,8 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
             state = None
             if keep_state:
                 state = BabState(stack, depth, key, warm, has, bounds, cuts, store, bounded,
-                                 verified, unresolved, rounds, plb, rbounds)
+                                 verified, unresolved, rounds, plb,
+                                 None if rbounds is None else rbounds.t.clone())
             return ReluBabResult("timeout", domains=bounded, verified_fraction=verified,
                                  state=state)
         if len(stack) > MAX_DOMAINS:
@@ -396,17 +406,19 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
             final = agree(_proof_out_of_reach(verified, midway or (start, 0.0), deadline))
             final_at = math.inf         # decided once
         take = min(batch, len(stack))
-        _swap_((stack, depth, key, warm, has, bounds, cuts, plb, rbounds),
+        _swap_((stack, depth, key, warm, has, bounds, cuts, plb, since,
+                None if rbounds is None else rbounds.t),
                *_best_to_tail(key, take))
         dom, ddepth = stack[-take:], depth[-take:]
         bwarm, bhas, bplb = warm[-take:], has[-take:], plb[-take:]
         stack, depth, key, plb = stack[:-take], depth[:-take], key[:-take], plb[:-take]
+        bsince, since = since[-take:], since[:-take]
         warm, has = warm[:-take], has[:-take]
         prior = bcuts = brb = None
         if cuts is not None:
             bcuts, cuts = cuts[-take:], cuts[:-take]
         if rbounds is not None:
-            brb, rbounds = rbounds[-take:], rbounds[:-take]
+            brb = rbounds.take(take)
         if bounds is not None:
             pb, bounds = bounds[-take:].to(dev), bounds[:-take]
             prior = {name: (pb[:, 0, local[i]:local[i + 1]].reshape(take, *relus[i].shape),
@@ -425,8 +437,8 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         bounded += take
         rounds += 1
         lb = lb.cpu()
-        if carry:
-            lb = torch.maximum(lb, bplb)
+        if carry:       # --soundness real/float32: bplb is rigorous, float64 (rounded down)
+            lb = torch.maximum(lb, bplb if not by_rows else down32(bplb))
         empty = torch.zeros(take, dtype=torch.bool)
         for name in names:
             l, h = known[name]
@@ -435,6 +447,7 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         refuted = refuted_conjunctions(lb, d, owner, n_conj)
         lA = grab["lA"].cpu().reshape(take, C.shape[0], -1)
         lagrangian = None                   # beta-CROWN's (domain indices, alphas, betas)
+        pair_lagrangian = None              # by_rows: (domains, rows, alphas, betas) per pair
         if not final and iterations > 0 and bool((~(refuted.all(dim=1) | empty)).any()):
             start_alphas = ((store.unflatten(bwarm, dev), bhas)
                             if store.on and bool(bhas.any()) else None)
@@ -444,7 +457,12 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
                 pairs = which.unsqueeze(1) & ~refuted[:, owner_t]
                 lb, pair_lA, idx, alphas = optimise_pairs(network, ibp, known, blo, bhi, Cd,
                                                           splits, lb, pairs, iterations, stop,
-                                                          start_alphas, BETA_KEY)
+                                                          start_alphas, BETA_KEY,
+                                                          best if by_rows else None)
+                if best:        # the Lagrangian of each optimised (domain, row) pair
+                    pair_lagrangian = (*torch.nonzero(pairs, as_tuple=True), best["alphas"],
+                                       best["betas"])
+                    best = None
                 beta_lA = None
                 if pair_lA is not None:
                     lA = lA.clone()
@@ -475,8 +493,15 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
             cut = None if bcuts is None else cut_dict(bcuts, relus, names, local, n_sign)
         if domain_bounds is not None:
             rb = domain_bounds(blo, bhi, {k: v.cpu() for k, v in splits.items()}, cut,
-                               carried_dict(brb, names, shapes))
-        if certify is not None and bool(done.any()):
+                               carried_dict(brb, names, shapes), since=bsince)
+        if by_rows:
+            # every domain's rigorous row bounds (its parent's proved rows stay proved); a
+            # domain is closed when they refute every conjunction, whatever the engine says
+            rlb = torch.maximum(certify.row_bounds(blo, bhi, splits, rb, pair_lagrangian),
+                                bplb)
+            refuted = refuted_conjunctions(rlb, d_up, owner, n_conj)
+            done = certify.agree(refuted.all(dim=1))
+        elif certify is not None and bool(done.any()):
             ok = certified(certify, done, blo, bhi, splits, lagrangian, C.shape[0], cut, rb)
             refuted[done & ~ok] = False                 # not proved: open, every row
             done = done & ok
@@ -544,7 +569,7 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
             unresolved += int((~splittable).sum())
         odom, best, odepth = odom[splittable], best[splittable], odepth[splittable]
         okb, oclose = okb[splittable], oclose[splittable]
-        olb = lb[open_][splittable]
+        olb = (rlb if by_rows else lb)[open_][splittable]
         rows = torch.arange(len(best))
         sign = best < int(offsets[n_sign])
         active, inactive = odom.clone(), odom.clone()
@@ -560,6 +585,8 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
                                               best, ~sign)
         stack = torch.cat([stack, inactive, active])
         depth = torch.cat([depth, odepth + 1, odepth + 1])
+        osince = torch.bucketize(best, torch.as_tensor(offsets[1:]), right=True)
+        since = torch.cat([since, osince, osince])
         key = torch.cat([key, oclose, oclose])
         plb = torch.cat([plb, olb, olb])
         ow = bwarm[open_][splittable]
@@ -573,7 +600,7 @@ def relu_split(network, C, d, owner, lo, hi, deadline: float, agree, is_violatio
         bounds = torch.cat([bounds if bounds is not None else okb[:0], below, above])
         if rb is not None:
             rk = _flat_bounds(rb, names, take)[open_][splittable]
-            rbounds = torch.cat([rbounds, rk, rk])
+            rbounds.extend(rk, rk)
     if dropped:
         return ReluBabResult("timeout", domains=bounded, verified_fraction=verified,
                              reason="the final falsification pass found no counterexample")

@@ -72,10 +72,15 @@ def crown_pairs(network, ibp, known, lo, hi, C, input_A=None, split_A=None) -> t
 
 
 def optimise_pairs(network, ibp, known, lo, hi, C, splits, lb, pairs, iterations, stop,
-                   warm, beta_key: str):
+                   warm, beta_key: str, best_out=None):
     """(lb (B, S) with the `pairs` ((B, S) bool) raised by beta-CROWN, the pairs' input
     A-matrices (P, n) or None, the domains that had a pair (indices), and their alphas and
-    betas in the (domains, S, ...) layout, betas under beta_key + split node)."""
+    betas in the (domains, S, ...) layout, betas under beta_key + split node).
+    `best_out` (a dict; not under row sharding): receives beta_crown's best parameters per
+    pair, in the pair layout (P, 1, ...), the pairs in `torch.nonzero(pairs)`'s order: the
+    Lagrangian --soundness real/float32 re-evaluates (certificate.py)."""
+    if best_out is not None and network.rows.enabled:
+        raise ValueError("optimise_pairs: best_out is not gathered under row sharding")
     dom, row = torch.nonzero(pairs, as_tuple=True)
     B, S = lb.shape
     idx = torch.unique(dom)                     # sorted: the domains with an open pair
@@ -108,7 +113,7 @@ def optimise_pairs(network, ibp, known, lo, hi, C, splits, lb, pairs, iterations
                                 {k: pick(v) for k, v in splits.items()},
                                 part(floor), iterations, stop=stop,
                                 alpha_start=alpha_start, alpha_out=alphas, beta_out=betas,
-                                beta_start=beta_start)
+                                beta_start=beta_start, best_out=best_out)
     if network.rows.enabled:                    # every rank gets every pair's results
         keys = sorted(alphas), sorted(betas)
         parts = [better] + ([] if lA is None else [lA]) + [alphas[k] for k in keys[0]] + \

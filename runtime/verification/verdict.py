@@ -252,7 +252,10 @@ class _CaseRunner:
             # every rank closes the same domains (float64 bits could differ across ranks
             # only on different machines; one collective makes it certain)
             return ~(self.comm.all_reduce_max((~ok).to(torch.float32)) > 0)
-        return LeafCertifier(self.rig, refuted, agree, prior, self.budget.check)
+        def lower(los, his, C, splits, lagrangian, **given):
+            return self.rig.spec_lower(los, his, C, splits, lagrangian, **given)
+        return LeafCertifier(self.rig, refuted, agree, prior, self.budget.check, lower,
+                             self.C64)
 
     def domain_attack(self, lo, hi):
         """A short attack inside branch-and-bound domains (lo, hi: (k, n), searched in one
