@@ -20,7 +20,6 @@ Loading many programs in one job keeps the multi-rank tests to a few process lau
 
 import json
 import sys
-from contextlib import contextmanager
 
 import torch
 
@@ -30,6 +29,8 @@ from shardbound.runtime.accounting.ledger import max_over_ranks
 from shardbound.runtime.program.loader import load
 from shardbound.runtime.program.main import predicted_peak
 from shardbound.runtime.program.report import bounds_sha256
+
+from soundness import alpha_iterations
 
 
 def main(job_path, out_path):
@@ -70,34 +71,6 @@ def main(job_path, out_path):
             json.dump({"world": comm.world, "results": results}, f)
     if comm.world > 1:
         exit_rank(0)                  # skip the gloo teardown (see runtime.dist.exit_rank)
-
-
-@contextmanager
-def alpha_iterations(n):
-    """alpha-CROWN and full alpha-CROWN run `n` iterations (None: their defaults) inside: their
-    default argument, so the bounds take the product's own path (Verifier.bounds -> Network.
-    bounds -> the engine). The jobs' bitwise comparisons hold for any count; the optimisation
-    is most of a rank's work, and a few steps already move every alpha through the sharded
-    backward passes and their reductions."""
-    if n is None:
-        yield
-        return
-    from shardbound.runtime.engine.alpha import alpha_crown
-    from shardbound.runtime.engine.full_alpha import full_alpha_crown
-
-    saved = []
-    for fn in (alpha_crown, full_alpha_crown):
-        code, defaults = fn.__code__, fn.__defaults__
-        names = code.co_varnames[code.co_argcount - len(defaults):code.co_argcount]
-        assert "iterations" in names, fn.__name__       # the engine's signature moved
-        saved.append((fn, defaults, names.index("iterations")))
-    try:
-        for fn, defaults, i in saved:
-            fn.__defaults__ = (*defaults[:i], int(n), *defaults[i + 1:])
-        yield
-    finally:
-        for fn, defaults, _ in saved:
-            fn.__defaults__ = defaults
 
 
 def _verify_all(verifier, entry, comm) -> list[dict]:

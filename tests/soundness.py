@@ -3,6 +3,8 @@ within the bounds, for every output row."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 # Bounds are computed in float32; a concrete forward pass rounds differently. This slack
@@ -105,3 +107,31 @@ def attack_min(forward, lo, hi, C, generator, n=20000):
             x.copy_(torch.maximum(torch.minimum(x, hi), lo))
     with torch.no_grad():
         return float((forward(x) @ C.T).min())
+
+
+@contextmanager
+def alpha_iterations(n):
+    """alpha-CROWN and full alpha-CROWN run `n` iterations (None: their defaults) inside: their
+    default argument, so the bounds take the product's own path (Verifier.bounds -> Network.
+    bounds -> the engine). The jobs' bitwise comparisons hold for any count; the optimisation
+    is most of a rank's work, and a few steps already move every alpha through the sharded
+    backward passes and their reductions."""
+    if n is None:
+        yield
+        return
+    from shardbound.runtime.engine.alpha import alpha_crown
+    from shardbound.runtime.engine.full_alpha import full_alpha_crown
+
+    saved = []
+    for fn in (alpha_crown, full_alpha_crown):
+        code, defaults = fn.__code__, fn.__defaults__
+        names = code.co_varnames[code.co_argcount - len(defaults):code.co_argcount]
+        assert "iterations" in names, fn.__name__       # the engine's signature moved
+        saved.append((fn, defaults, names.index("iterations")))
+    try:
+        for fn, defaults, i in saved:
+            fn.__defaults__ = (*defaults[:i], int(n), *defaults[i + 1:])
+        yield
+    finally:
+        for fn, defaults, _ in saved:
+            fn.__defaults__ = defaults

@@ -29,8 +29,8 @@ import test_normalization  # noqa: E402
 import test_periodic  # noqa: E402
 import test_smooth  # noqa: E402
 import test_softmax  # noqa: E402
-from harness import compiled, flat_forward  # noqa: E402
-from soundness import REL_TOL, assert_within, witness_values  # noqa: E402
+from harness import SOUND_ALPHA_ITERATIONS, compiled, flat_forward  # noqa: E402
+from soundness import REL_TOL, alpha_iterations, assert_within, witness_values  # noqa: E402
 
 CASES = [c for module in (test_smooth, test_exponential, test_periodic, test_gated,
                           test_bilinear, test_softmax, test_normalization)
@@ -72,7 +72,8 @@ def test_sound_at_extreme_widths(case, width):
     # samples it on its boxes, tests/ops/test_bilinear.py)
     for method in [m for m in case.methods
                    if not (case.name == "matmul_computed" and m == "alpha-crown")]:
-        lb, ub = verifier.bounds(lo, hi, method=method)
+        with alpha_iterations(SOUND_ALPHA_ITERATIONS):      # (harness.py: why a few)
+            lb, ub = verifier.bounds(lo, hi, method=method)
         label = f"{case.id(opset)}/width {width:g}/{method}"
         assert not bool(torch.isnan(lb).any() or torch.isnan(ub).any()), label
         if width < 1:       # nothing overflows in a narrow box
