@@ -123,9 +123,10 @@ def _reduces(node) -> bool:
     return any(a.name == "reduction" and a.s not in (b"", b"none") for a in node.attribute)
 
 
-def _partial(node, states, opset):
-    """[(value, known mask)] for the node's outputs, or None where nothing is known."""
-    ins = [states.get(n) if n else None for n in node.input]
+def _partial(node, lookup, opset):
+    """[(value, known mask)] for the node's outputs, or None where nothing is known;
+    `lookup(name)` gives an input's (value, known mask), or None."""
+    ins = [lookup(n) if n else None for n in node.input]
     if any(s is None for n, s in zip(node.input, ins) if n):
         return None
     if any(a.HasField("g") or a.graphs for a in node.attribute):
@@ -178,24 +179,47 @@ def fold_fixed_inputs(model: onnx.ModelProto, fixed: FixedInputs, source: str
                         flat_k[offset:offset + n].reshape(shape))
         depends.add(name)
         offset += n
-    for t in model.graph.initializer:
-        v = numpy_helper.to_array(t)
-        states[t.name] = (v, np.ones(v.shape, bool))
     opset = model.opset_import
+    inits = {t.name: t for t in model.graph.initializer}
+    producer = {o: node for node in model.graph.node for o in node.output}
+
+    def constant(name):
+        """A tensor that does not depend on the input, evaluated when a node that does
+        reads it (so weights are converted, and constant subgraphs run, only where needed:
+        the frontend folds the rest as before)."""
+        if name not in states:
+            if name in inits:
+                v = numpy_helper.to_array(inits[name])
+                states[name] = (v, np.ones(v.shape, bool))
+            elif name in producer:
+                node = producer[name]
+                result = _partial(node, lookup, opset)
+                for out_name, state in zip(node.output, result or ()):
+                    states[out_name] = state
+        return states.get(name)
+
+    def lookup(name):
+        if name in depends:
+            return states.get(name)
+        try:
+            return constant(name)
+        except RecursionError:          # a constant chain deeper than the stack: not followed
+            return None
+
     folded: dict[str, np.ndarray] = {}
     drop: set[int] = set()
     for k, node in enumerate(model.graph.node):
-        result = _partial(node, states, opset)
-        if any(n in depends for n in node.input):
-            depends.update(node.output)
+        if not any(n in depends for n in node.input):
+            continue                    # a constant: evaluated when a dependent node reads it
+        depends.update(node.output)
+        result = _partial(node, lookup, opset)
         if result is None:
             continue
         for name, state in zip(node.output, result):
             states[name] = state
         if node.output and all(bool(m.all()) for _, m in result):
-            if any(n in depends for n in node.output):
-                drop.add(k)
-                folded.update({n: v for n, (v, _) in zip(node.output, result)})
+            drop.add(k)
+            folded.update({n: v for n, (v, _) in zip(node.output, result)})
     outputs = {o.name for o in model.graph.output}
     if outputs & set(folded):
         raise ShardboundError(f"{source}: the property fixes every input that output "
