@@ -164,6 +164,8 @@ def plan_dict(graph: Graph, options, passes: list[str]) -> dict:
                                    for k, v in sorted(graph.annotations.items()) if n.name in v}}
                   for n in graph.nodes],
     }
+    if graph.fixed_inputs is not None:
+        plan["fixed_inputs"] = graph.fixed_inputs.as_json()
     if options.mode == "tp":
         plan["tp_intermediate"] = options.tp_intermediate
     chunks = graph.annotations.get("stream", {}).get(graph.input.name)

@@ -18,7 +18,8 @@ def plan_model(path: str, options: PassOptions, verify_each: bool = False) -> tu
 
 
 def plan_with_options(path: str, options: PassOptions, verify_each: bool = False,
-                      plan_out: list | None = None) -> tuple[Graph, PassOptions, list[str]]:
+                      plan_out: list | None = None, fixed=None
+                      ) -> tuple[Graph, PassOptions, list[str]]:
     """Import and run the passes; with --memory-budget, first choose the plan that fits
     (passes/memory_budget.py) from the shapes after canonicalize and bound_plan, then run the
     chosen mode's pipeline with the chosen options (returned: codegen writes them).
@@ -27,7 +28,7 @@ def plan_with_options(path: str, options: PassOptions, verify_each: bool = False
     whole rows (the prediction fits as it is) compiles exactly the program of no budget
     (the same plan.json, the same bits); one with row tiles keeps its tile and batch, and
     no `memory_budget_bytes`. `plan_out` gets the choice (verify's --json report)."""
-    imported = import_onnx(path, max_elements=options.max_elements)
+    imported = import_onnx(path, max_elements=options.max_elements, fixed=fixed)
     chosen = None
     if options.memory_budget is not None:
         from shardbound.passes.memory_budget import choose, planned_options
@@ -73,8 +74,10 @@ def _tp_view(planned: Graph, options: PassOptions):
 
 
 def compile_model(path: str, out_dir: str, options: PassOptions,
-                  plan_out: list | None = None) -> Graph:
-    graph, options, passes = plan_with_options(path, options, plan_out=plan_out)
+                  plan_out: list | None = None, fixed=None) -> Graph:
+    """`fixed` (compiler/fixed_inputs.FixedInputs): input elements to fold in as constants;
+    the program records them and refuses boxes that do not fix them to the same values."""
+    graph, options, passes = plan_with_options(path, options, plan_out=plan_out, fixed=fixed)
     try:
         write_program(graph, options, passes, out_dir)
     except OSError as e:

@@ -78,10 +78,12 @@ def model_opset(model: onnx.ModelProto) -> int:
     return 1
 
 
-def import_onnx(path: str, max_elements: int | None = None) -> Graph:
+def import_onnx(path: str, max_elements: int | None = None, fixed=None) -> Graph:
     """Lower the model at `path` into a bound IR graph (before any pass). No tensor -- the
     input, a constant, a folded or computed value, as declared or as built -- may exceed
-    `max_elements` (default: PassOptions' MAX_ELEMENTS; `--max-elements`)."""
+    `max_elements` (default: PassOptions' MAX_ELEMENTS; `--max-elements`). `fixed`
+    (compiler/fixed_inputs.FixedInputs): input elements folded in as constants first; the
+    graph records them (`Graph.fixed_inputs`) when folding changed the model."""
     from shardbound.passes.manager import MAX_ELEMENTS
 
     model = load_model(path)
@@ -101,6 +103,11 @@ def import_onnx(path: str, max_elements: int | None = None) -> Graph:
             raise ShardboundError(f"{source}: cannot read its external weight data "
                                   f"({type(e).__name__}); keep the data files next to the "
                                   "model") from None
+    if fixed is not None:
+        from shardbound.compiler.fixed_inputs import fold_fixed_inputs
+
+        model, count = fold_fixed_inputs(model, fixed, source)
+        fixed = fixed if count else None
     graph = gs.import_onnx(model)
     del model               # graphsurgeon holds what it needs (a wide model: GiBs)
     graph.cleanup().toposort()
@@ -119,7 +126,7 @@ def import_onnx(path: str, max_elements: int | None = None) -> Graph:
     keys = {key for n in nodes for _, key in n.params}
     tensors = {k: v for k, v in ctx.tensors.items() if k in keys}
     return Graph(nodes=tuple(nodes), tensors=MappingProxyType(tensors),
-                 output=out.node, source=source, input_name=input_name)
+                 output=out.node, source=source, input_name=input_name, fixed_inputs=fixed)
 
 
 def _lower_input(ctx: LoweringContext, graph) -> str:

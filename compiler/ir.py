@@ -40,6 +40,9 @@ class Graph:
     source: str = "model.onnx"     # file name only: no absolute paths in generated files
     input_name: str = "input"      # the ONNX input name (untrusted; for messages and plan.json)
     annotations: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # input elements folded in as constants (compiler/fixed_inputs.py): the program is valid
+    # only for boxes that fix them to these values (plan.json "fixed_inputs")
+    fixed_inputs: Any = None
 
     @property
     def input(self) -> Node:

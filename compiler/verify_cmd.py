@@ -125,7 +125,6 @@ def _given_start() -> float | None:
 def _compile_for_verify(args, tmp: str) -> tuple[str, str]:
     """Parse the property, compile the model (into -o DIR or the temporary directory) and
     write the spec the program reads; (spec path, program directory)."""
-    from shardbound.compiler.driver import compile_model
     from shardbound.compiler.vnnlib import parse_vnnlib
     from shardbound.options import pass_options
     from shardbound.runtime.verification.spec import spec_from_property
@@ -142,7 +141,7 @@ def _compile_for_verify(args, tmp: str) -> tuple[str, str]:
         options = replace(options, plan_methods=("crown", "alpha-crown", "full-alpha-crown"),
                           spec_rows=spec_rows(spec))
     plans: list = []
-    graph = compile_model(args.model, out, options, plan_out=plans)
+    graph = _compile_folding_if_needed(args.model, out, options, plans, prop)
     check_spec_fits(spec, graph.input.shape, graph.node(graph.output).shape)
     spec_path = os.path.join(tmp, "spec.json")
     with open(spec_path, "w", encoding="utf-8") as f:
@@ -151,6 +150,30 @@ def _compile_for_verify(args, tmp: str) -> tuple[str, str]:
         _write_plan(spec_path, plans[0], tiled=graph.annotations.get("budget") is not None,
                     quiet=args.quiet)
     return spec_path, out
+
+
+def _compile_folding_if_needed(model: str, out: str, options, plans: list, prop):
+    """Compile the model as it is; where that is refused and the property fixes some input
+    elements (lower == upper in every case), compile again with them folded in as constants
+    (compiler/fixed_inputs.py): a shape or index the model computes from fixed inputs is then
+    static. The program is then specific to those values (plan.json "fixed_inputs"). Only
+    on a refusal, so a model that compiles as it is keeps its program bit for bit."""
+    from shardbound.compiler.driver import compile_model
+    from shardbound.compiler.errors import ShardboundError
+    from shardbound.compiler.fixed_inputs import FixedInputs
+
+    try:
+        return compile_model(model, out, options, plan_out=plans)
+    except ShardboundError:
+        fixed = FixedInputs.from_cases(prop.cases)
+        if fixed is None:
+            raise
+    del plans[:]
+    try:
+        return compile_model(model, out, options, plan_out=plans, fixed=fixed)
+    except ShardboundError as e:
+        raise ShardboundError(f"{e} (with the {fixed.indices.size} input values the property "
+                              "fixes folded in as constants)") from None
 
 
 def default_budget(args, options):

@@ -57,6 +57,9 @@ class Network:
         self.ledger = MemoryLedger()
         self.rows = RowSplit()          # the loader enables row sharding in fsdp runs
         self.device = torch.device("cpu")   # where parameters live (the loader may move them)
+        # input values compiled in as constants (runtime/program/fixed_inputs.py): every box
+        # and point is checked against them
+        self.fixed_inputs = None
         # tp sets this: "ibp" intermediate bounds start from the tightest bounds known so far
         # (CROWN-tightened ones included) instead of the plain IBP pass from the input box.
         self.refine_ibp = False
@@ -110,6 +113,8 @@ class Network:
     # -- concrete semantics ------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, *input_shape) -> (B, *output_shape)."""
+        if self.fixed_inputs is not None:
+            self.fixed_inputs.check_box(x, x, "point")
         values: dict[str, torch.Tensor] = {}
         for n in self.nodes:
             values[n.name] = n.forward(*(values[i] for i in n.inputs)) if n.inputs else x
@@ -560,6 +565,8 @@ class Network:
     def bounds(self, lower: torch.Tensor, upper: torch.Tensor, C=None, method: str = "crown"
                ) -> Bounds:
         """Bounds (B, S) of C @ f(x) over the boxes; lower/upper are (B, *input_shape)."""
+        if self.fixed_inputs is not None:
+            self.fixed_inputs.check_box(lower, upper)
         try:
             check_budget(self, lower, C, method)
             return self._bounds(lower, upper, C, method)

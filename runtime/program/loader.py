@@ -17,6 +17,7 @@ import torch
 
 from shardbound.runtime.program.grad_mode import outside_inference_mode
 from shardbound.runtime.program.boxes import as_boxes
+from shardbound.runtime.program.fixed_inputs import FixedInputs
 from shardbound.runtime.program.plan_check import (check_nodes, check_plan, check_program,
                                                    check_weights)
 from shardbound.runtime.parallel.dist import SingleComm
@@ -165,6 +166,7 @@ def load(directory: str, summation: str | None = None, comm=None,
                               "the model") from None
     check_nodes(plan, network, directory, module)
     network.ledger = ledger
+    network.fixed_inputs = FixedInputs.from_plan(plan, os.path.join(directory, "plan.json"))
     network.comm = comm
     network.device = comm.device
     network.rows = RowSplit(comm, enabled=mode == "fsdp" and network.order != "fast")

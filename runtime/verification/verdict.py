@@ -490,6 +490,10 @@ def verify(verifier, spec: Spec, timeout_s: float, comm, quiet: bool = True,
     stages.boxes = len(spec.cases)
     check_spec_fits(spec, verifier.input_shape, verifier.output_shape)
     net = verifier.network
+    fixed = getattr(net, "fixed_inputs", None)     # values folded in (runtime/program/fixed_inputs.py)
+    if fixed is not None:
+        for i, case in enumerate(spec.cases):
+            fixed.check_case(case.lower, case.upper, f"{spec.source}: case {i}")
     rigorous = rigorous_for(net, soundness)
     net.budget = budget
 
