@@ -242,7 +242,8 @@ def test_interval_splitting_proves_what_crown_cannot_on_a_tanh_mlp(tmp_path):
     Tanh inputs; the proved threshold lies below every sampled value (soundness); a threshold
     above a found point is `sat` through `verify`."""
     from shardbound.runtime.engine.alpha import alpha_crown
-    from shardbound.runtime.verification.relu_split import can_split, relu_split
+    from shardbound.runtime.verification.branching import can_split
+    from shardbound.runtime.verification.relu_split import relu_split
 
     net = _load(tmp_path, _tanh_mlp())
     assert not net.splittable_nodes() and can_split(net)
@@ -292,7 +293,7 @@ def test_interval_split_children_are_sound_on_their_halves(tmp_path):
     """A split of a Tanh input z_j at its split point: each child's bounds (the parent's with
     z_j's interval halved, as relu_split carries them) hold at every sampled point of the box
     whose z_j lies in that half, and together the halves cover the parent's points."""
-    from shardbound.runtime.verification.relu_split import interval_split_ops
+    from shardbound.runtime.verification.branching import interval_split_ops
 
     net = _load(tmp_path, _tanh_mlp(seed=2, sizes=(6, 10, 10, 2)))
     lo, hi = torch.full((1, 6), -0.4), torch.full((1, 6), 0.4)

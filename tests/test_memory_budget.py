@@ -192,7 +192,7 @@ def test_beta_crown_batch_prediction_within_10_percent_and_sizes_the_bab_batch(p
     from shardbound.runtime import load
     from shardbound.runtime.accounting.memory_model import network_shapes, predict_peak
     from shardbound.runtime.engine.beta import beta_crown
-    from shardbound.runtime.verification.relu_split import split_ops
+    from shardbound.runtime.verification.branching import split_ops
 
     net = load(program[0]).network
     C = torch.tensor([[1.0, -1.0, 0, 0, 0], [0, 1.0, 0, -1.0, 0], [0, 0, 1.0, 0, -1.0]])

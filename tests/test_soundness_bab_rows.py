@@ -250,3 +250,102 @@ def test_children_split_after_a_node_keep_its_carried_bounds(net):
     first = cert.domain_bounds(los, his, child, carried=carried, since=torch.zeros(k).long())
     assert calls[2] is not None and bool(calls[2].all())
     assert all(torch.equal(first[n][0], again[n][0]) for n in first)
+
+
+REFINED = __import__("pathlib").Path(__file__).parent / "data" / "refined_prior_mlp2.npz"
+
+
+def _refined(tmp_path, refine=False):
+    """zoo.mlp(seed 2) 20-20-20-3 on the box of half-width EPS: (network, lo, hi, C, full
+    alpha-CROWN's bounds of ROWS, its intermediate bounds), with `refine` split
+    refinement's instead (engine/split_refine.py: ~15 CPU s, so the test reads them from
+    REFINED, written by `python tests/test_soundness_bab_rows.py`)."""
+    import onnx
+
+    from shardbound.compiler.driver import compile_model
+    from shardbound.passes.manager import PassOptions
+    from shardbound.runtime import load
+    from shardbound.runtime.engine.full_alpha import root_bounds
+    from shardbound.runtime.engine.split_refine import refine_by_splits
+    from shardbound.runtime.verification.spec import outward_box
+
+    onnx.save(zoo.mlp(np.random.default_rng(2), sizes=(20, 20, 20, 3))[0], tmp_path / "m.onnx")
+    compile_model(str(tmp_path / "m.onnx"), str(tmp_path / "m"), PassOptions())
+    network = load(str(tmp_path / "m")).network
+    lo, hi = outward_box(-EPS * np.ones(20), EPS * np.ones(20))
+    C = torch.tensor(ROWS, dtype=torch.float32)
+    with torch.no_grad():
+        cache = network.intermediate_bounds(lo[None], hi[None])
+        lb, prior = root_bounds(network, lo[None], hi[None], C, cache)
+        if refine:
+            prior = refine_by_splits(network, lo[None], hi[None], prior)
+    return network, lo, hi, C, lb, prior
+
+
+def test_domains_the_engine_finds_empty_are_closed_by_their_lagrangian(tmp_path, monkeypatch):
+    """Real-mode branch and bound where the engine's bounds are tighter than the
+    certificate's (the engine CROWN-bounds every neuron of every node under split
+    refinement's prior; the certificate has the box's rigorous bounds and each domain's own
+    inexact neurons), so its float32 clamps leave some domains empty that the rigorous node
+    bounds do not: those are optimised by beta-CROWN from the rigorous floor and closed by
+    their re-evaluated Lagrangian (before: set aside as unresolved, `unknown`). The proved
+    thresholds lie below every sampled value and a PGD search finds no point under them;
+    thresholds above a sampled point give `sat`."""
+    import shardbound.runtime.verification.relu_split as relu_split
+    from shardbound.runtime.rigorous import RigorousBounds
+    from shardbound.runtime.verification.attack import pgd
+    from shardbound.runtime.verification.certificate import LeafCertifier
+
+    network, lo, hi, C, lb, prior = _refined(tmp_path)
+    every = network.inexact_mask
+    monkeypatch.setattr(network, "inexact_mask", lambda node, b: torch.ones_like(
+        every(node, b), dtype=torch.bool))
+    rig = RigorousBounds(network, "real")
+    kept = np.load(REFINED)
+    prior = {k: (torch.from_numpy(kept[k + ":lo"]), torch.from_numpy(kept[k + ":hi"]))
+             if k + ":lo" in kept else v for k, v in prior.items()}
+    owner = np.array([0, 1])
+    rlo, rhi = rig.outward(lo[None].double(), hi[None].double())
+    cert = LeafCertifier(rig, None, lambda ok: ok, rig.all_bounds(rlo, rhi),
+                         lower=lambda *a, **kw: rig.spec_lower(*a, **kw), C=C.double())
+    emptied = []
+    own = relu_split.optimise_pairs
+
+    def spy(network, ibp, known, lo, hi, C, splits, lb, pairs, *a, **kw):
+        empty = torch.zeros(len(pairs), dtype=torch.bool)
+        for l, h in known.values():
+            empty |= (l > h).reshape(len(pairs), -1).any(dim=1).cpu()
+        emptied.append(int((empty & pairs.any(dim=1)).sum()))
+        return own(network, ibp, known, lo, hi, C, splits, lb, pairs, *a, **kw)
+    monkeypatch.setattr(relu_split, "optimise_pairs", spy)
+
+    def violation(xs):
+        y = network.forward(xs.reshape(len(xs), 20)).reshape(len(xs), -1) @ C.T
+        hit = torch.nonzero((y <= torch.from_numpy(d).float()).any(dim=1)).reshape(-1)
+        return int(hit[0]) if len(hit) else None
+    run = lambda: relu_split.relu_split(                                   # noqa: E731
+        network, C, d, owner, lo, hi, time.monotonic() + 60, lambda f: f, violation,
+        root_prior=prior, certify=cert, attack_domains=0)
+    d = lb[0].double().numpy() + 0.02
+    res = run()
+    assert res.verdict == "unsat", res
+    assert sum(emptied) > 0, emptied
+    xs = torch.from_numpy(np.random.default_rng(3).uniform(-EPS, EPS, (20000, 20))).float()
+    y = network.forward(xs).reshape(len(xs), -1).double() @ C.double().T
+    assert (y.min(dim=0).values.numpy() > d).all()
+    forward = lambda x: network.forward(x.reshape(len(x), 20)).reshape(len(x), -1)  # noqa
+    assert pgd(forward, lo, hi, C, d, owner) is None
+    # a threshold above a sampled value of row 0: a counterexample exists
+    d = np.array([float(y[:, 0].min()) + 1e-3, float(y[:, 1].min()) - 10.0])
+    res = run()
+    assert res.verdict == "sat" and violation(res.x.reshape(1, -1)) == 0, res
+
+
+if __name__ == "__main__":        # writes REFINED (see _refined)
+    import sys
+    import tempfile
+
+    sys.path.insert(0, str(REFINED.parent.parent))
+    *_, refined = _refined(__import__("pathlib").Path(tempfile.mkdtemp()), refine=True)
+    np.savez(REFINED, **{f"{k}:{side}": b.numpy() for k, (lo, hi) in refined.items()
+                         for side, b in (("lo", lo), ("hi", hi))})

@@ -29,9 +29,10 @@ from shardbound.runtime.verification.attack import pgd
 from shardbound.runtime.verification.budget import Budget, BudgetExhausted
 from shardbound.runtime.verification import milp
 from shardbound.runtime.verification.batch_memory import input_batch_for_memory
+from shardbound.runtime.verification.branching import can_split
 from shardbound.runtime.verification.input_split import BATCH as INPUT_SPLIT_BATCH
 from shardbound.runtime.verification.input_split import input_split, refuted_conjunctions
-from shardbound.runtime.verification.relu_split import can_split, relu_split
+from shardbound.runtime.verification.relu_split import relu_split
 from shardbound.runtime.verification.stages import StageLog
 from shardbound.runtime.verification.spec import Spec, SpecCase, inside_box, outward_box, violated_conjunctions
 from shardbound.runtime.program.grad_mode import outside_inference_mode
