@@ -39,6 +39,9 @@ def compiled(tmp_path_factory):
     return out
 
 
+STEP_S = 0.01       # seconds per clock read (_StepClock): 3,000 reads to the deadline
+
+
 def _onnx_margin(p, x):
     ort = pytest.importorskip("onnxruntime")
     s = ort.InferenceSession(p.model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -76,12 +79,24 @@ def test_clean_twin_stays_unsat(compiled, name):
     assert verify(verifier, _spec(p), TIMEOUT_S, SingleComm()).verdict == "unsat"
 
 
-def test_final_falsification_pass_finds_what_branching_leaves(compiled):
+class _StepClock:
+    """A clock that advances a fixed step each time it is read: relu_split's time budget and
+    its final-pass trigger then depend on the rounds it runs, not on how fast this machine
+    is (under a load of 9 the wall-clock budget of this test once ran out before the pass
+    found the point)."""
+
+    def __init__(self, step: float):
+        self.now, self.step = 0.0, step
+
+    def monotonic(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def test_final_falsification_pass_finds_what_branching_leaves(compiled, monkeypatch):
     """No attacks during branching: the pass that attacks the open domains, most violated
     first, once the proof is out of reach finds the planted point."""
-    import time
-
-    from shardbound.runtime.verification.relu_split import relu_split
+    from shardbound.runtime.verification import relu_split as module
 
     p, verifier = compiled["mlp0-spike"]
     net = verifier.network
@@ -94,9 +109,12 @@ def test_final_falsification_pass_finds_what_branching_leaves(compiled):
         hit = torch.nonzero(m[:, 0].double() <= p.d).reshape(-1)
         return int(hit[0]) if len(hit) else None
 
-    # BaBSR alone (fsb=1) splits the spike's ReLU at the root; the pass starts after ~0.9 s.
-    res = relu_split(net, C, np.array([p.d]), np.zeros(1, dtype=int), lo, hi,
-                     time.monotonic() + 30, lambda f: f, is_violation, attack_domains=0,
-                     final_share=0.97, fsb=1)
+    clock = _StepClock(STEP_S)
+    monkeypatch.setattr(module, "time", clock)
+    # BaBSR alone (fsb=1) splits the spike's ReLU at the root; the pass starts after 3% of
+    # the budget's clock reads.
+    res = module.relu_split(net, C, np.array([p.d]), np.zeros(1, dtype=int), lo, hi,
+                            clock.monotonic() + 30, lambda f: f, is_violation,
+                            attack_domains=0, final_share=0.97, fsb=1)
     assert res.verdict == "sat", res
     assert _onnx_margin(p, res.x) <= p.d
