@@ -26,11 +26,11 @@ def _switch(on: bool):
     from shardbound.runtime.ops import index_map, relaxation
 
     saved = _switch.__dict__.setdefault("saved", {
-        "as_patches": network.Network.__dict__["_as_patches"],
+        "as_patches": network.as_patches,
         "runs": index_map.IndexMap._runs,
         "crown_backward": relaxation.ElementwiseRelaxation.crown_backward})
     if on:
-        network.Network._as_patches = saved["as_patches"]
+        network.as_patches = saved["as_patches"]
         index_map.IndexMap._runs = saved["runs"]
         relaxation.ElementwiseRelaxation.crown_backward = saved["crown_backward"]
         return
@@ -39,7 +39,7 @@ def _switch(on: bool):
         self.memo("_crown_lines").clear()
         return saved["crown_backward"](self, *a, **kw)
 
-    network.Network._as_patches = staticmethod(lambda n, lA, uA, local: (lA, uA))
+    network.as_patches = lambda shape, lA, uA, local: (lA, uA)
     index_map.IndexMap._runs = lambda self, most=16: None
     relaxation.ElementwiseRelaxation.crown_backward = forget
 

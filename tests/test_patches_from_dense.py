@@ -1,5 +1,5 @@
 """Dense rows that reach a conv node local to a window go on as patches (`Patches.from_dense`,
-`Network._as_patches`): a per-pixel Softmax over a transposed conv output (carvana's UNet
+`patches.as_patches`): a per-pixel Softmax over a transposed conv output (carvana's UNet
 shape, small) has rows that start dense at the Transpose and touch one pixel each. Under
 `blocked` the bounds are bitwise the dense path's; under `fast` the same up to rounding; in
 both they hold at sampled points of the box and the conversion did happen."""

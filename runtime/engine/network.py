@@ -37,7 +37,8 @@ from shardbound.runtime.engine.box_terms import box_terms
 from shardbound.runtime.engine.interval_helpers import (StorageBytes, expand_rows, intersect,
                                                         interval_matvec, vacuous_nan)
 from shardbound.runtime.ops import Bounds, Op
-from shardbound.runtime.ops.patches import Patches, SparseAlpha, WindowAlpha, dense, frame
+from shardbound.runtime.ops.patches import (Patches, SparseAlpha, WindowAlpha, as_patches, dense,
+                                            frame)
 from shardbound.runtime.parallel.rows import RowSplit, unit_rows
 
 METHODS = ("ibp", "crown", "alpha-crown", "full-alpha-crown")
@@ -206,7 +207,16 @@ class Network:
             if refine or sharpen:
                 refined[n.name] = known[n.name]
             self.ledger.set("bounds", held.add(known[n.name]))
+        self.forget_lines()
         return ibp, known
+
+    def forget_lines(self) -> None:
+        """Drop the CROWN lines remembered for this round's row tiles (held past it: every
+        ReLU's lines of a whole branch-and-bound batch, which no memory figure counts)."""
+        for n in self.nodes:
+            memo = n.__dict__.get("_crown_lines")
+            if memo is not None:
+                memo.clear()
 
     def final_crown(self, ibp, known, lower, upper, C=None, alphas=None, input_A=None,
                     lower_only: bool = False, gather: bool = True, split_A=None,
@@ -235,6 +245,8 @@ class Network:
         else:
             lo, hi = self.backward(self.output, spec[:, a:b], lower, upper, known, alphas,
                                    input_A, lower_only, split_A, extra_A, alpha_layout)
+        if alphas is None:
+            self.forget_lines()
         ilo, ihi = self._ibp_spec(ibp[self.output.name], C, B)
         if not gather:
             return (torch.maximum(lo, ilo[:, a:b]),
@@ -444,8 +456,7 @@ class Network:
         self.ledger.set("a_matrix", tensor_bytes([*lAs.values(), *uAs.values()]))
         lower_only = all(A is None for A in uAs.values())
         stop = self.nodes.index(target)
-        # dense rows may become patches again at a conv node (plain CROWN passes only: the
-        # alphas' layouts are fixed by a first pass; once a check finds wide rows it stops)
+        # dense rows may become patches again (plain CROWN only: alpha layouts are fixed)
         local = [alphas is None and alpha_layout is None and split_A is None
                  and extra_A is None and self._patches_ok()]
         for n in reversed(self.nodes[:stop + 1]):
@@ -474,7 +485,7 @@ class Network:
                     alpha_layout.get(n.name), torch.Tensor):
                 alpha = SparseAlpha(alpha, alpha_layout[n.name])
             if local[0] and n.accepts_patches and len(n.shape) == 3:
-                lA, uA = self._as_patches(n, lA, uA, local)
+                lA, uA = as_patches(n.shape, lA, uA, local)
             if (isinstance(lA, Patches) or isinstance(uA, Patches)) and (
                     not n.accepts_patches or (alpha is not None
                                               and not isinstance(alpha, WindowAlpha))
@@ -525,30 +536,6 @@ class Network:
         self.ledger.set("a_matrix", 0)      # this pass's A-matrices are dropped now
         lo = torch.where(torch.isnan(lo), -math.inf, lo)
         return lo, None if hi is None else torch.where(torch.isnan(hi), math.inf, hi)
-
-    @staticmethod
-    def _as_patches(n: Op, lA, uA, local: list):
-        """Dense rows reaching the (C, H, W) node `n` as patches where every row's nonzeros
-        lie in a small window (`Patches.from_dense`; both sides on the same windows, as the
-        patch steps need), else as they are, and `local[0]` False for the rest of the pass
-        (a window only grows towards the input). Rows started elsewhere than at a conv
-        node -- a per-pixel Softmax's through a Transpose, a spec over a few outputs -- then
-        cross the convolutions as windows: carvana's Softmax rows went dense through its
-        64-128-64-channel convolutions."""
-        if isinstance(lA, Patches) or isinstance(uA, Patches) or not isinstance(
-                lA, torch.Tensor) or lA.requires_grad or lA.dim() != 5 or (
-                isinstance(uA, torch.Tensor) and uA.requires_grad):
-            return lA, uA
-        other = None if (uA is None or uA is lA) else uA
-        P = Patches.from_dense(lA, n.shape, also=other)
-        if P is None:
-            local[0] = False
-            return lA, uA
-        if uA is lA:
-            return P, P
-        if uA is None:
-            return P, None
-        return P, P.with_values(Patches.windows_of(uA, P.origin, P.window))
 
     def _reserve_step(self, n: Op, lA, uA) -> None:
         """Ask the ledger's budget for the A-matrices the step of `n` is about to make (dense

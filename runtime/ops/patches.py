@@ -536,6 +536,24 @@ def _differentiable(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
+def as_patches(node_shape, lA, uA, local: list):
+    """Dense rows at a (C, H, W) node as patches where every row is local to a window
+    (`Patches.from_dense`, both sides on the same windows), else as they are and `local[0]`
+    False for the rest of the pass (windows only grow towards the input): carvana's
+    per-pixel Softmax rows crossed its convolutions dense (`Network._propagate`)."""
+    if isinstance(lA, Patches) or isinstance(uA, Patches) or not isinstance(
+            lA, torch.Tensor) or lA.requires_grad or lA.dim() != 5 or (
+            isinstance(uA, torch.Tensor) and uA.requires_grad):
+        return lA, uA
+    P = Patches.from_dense(lA, node_shape, also=None if (uA is None or uA is lA) else uA)
+    if P is None:
+        local[0] = False
+        return lA, uA
+    if uA is lA or uA is None:
+        return P, (P if uA is lA else None)
+    return P, P.with_values(Patches.windows_of(uA, P.origin, P.window))
+
+
 def dense(A):
     """A as a dense tensor (patches turned dense; anything else as it is)."""
     return A.to_dense() if isinstance(A, Patches) else A
