@@ -37,7 +37,8 @@ from shardbound.runtime.engine.box_terms import box_terms
 from shardbound.runtime.engine.interval_helpers import (StorageBytes, expand_rows, intersect,
                                                         interval_matvec, vacuous_nan)
 from shardbound.runtime.ops import Bounds, Op
-from shardbound.runtime.ops.patches import Patches, SparseAlpha, WindowAlpha, dense, frame
+from shardbound.runtime.ops.patches import (Patches, SparseAlpha, WindowAlpha, as_patches, dense,
+                                            frame)
 from shardbound.runtime.parallel.rows import RowSplit, unit_rows
 
 METHODS = ("ibp", "crown", "alpha-crown", "full-alpha-crown")
@@ -211,7 +212,16 @@ class Network:
             if refine or sharpen:
                 refined[n.name] = known[n.name]
             self.ledger.set("bounds", held.add(known[n.name]))
+        self.forget_lines()
         return ibp, known
+
+    def forget_lines(self) -> None:
+        """Drop the CROWN lines remembered for this round's row tiles (held past it: every
+        ReLU's lines of a whole branch-and-bound batch, which no memory figure counts)."""
+        for n in self.nodes:
+            memo = n.__dict__.get("_crown_lines")
+            if memo is not None:
+                memo.clear()
 
     def final_crown(self, ibp, known, lower, upper, C=None, alphas=None, input_A=None,
                     lower_only: bool = False, gather: bool = True, split_A=None,
@@ -240,6 +250,8 @@ class Network:
         else:
             lo, hi = self.backward(self.output, spec[:, a:b], lower, upper, known, alphas,
                                    input_A, lower_only, split_A, extra_A, alpha_layout)
+        if alphas is None:
+            self.forget_lines()
         ilo, ihi = self._ibp_spec(ibp[self.output.name], C, B)
         if not gather:
             return (torch.maximum(lo, ilo[:, a:b]),
@@ -449,6 +461,9 @@ class Network:
         self.ledger.set("a_matrix", tensor_bytes([*lAs.values(), *uAs.values()]))
         lower_only = all(A is None for A in uAs.values())
         stop = self.nodes.index(target)
+        # dense rows may become patches again (plain CROWN only: alpha layouts are fixed)
+        local = [alphas is None and alpha_layout is None and split_A is None
+                 and extra_A is None and self._patches_ok()]
         for n in reversed(self.nodes[:stop + 1]):
             if n is self.input:
                 continue
@@ -474,6 +489,8 @@ class Network:
             if alpha is not None and alpha_layout is not None and isinstance(
                     alpha_layout.get(n.name), torch.Tensor):
                 alpha = SparseAlpha(alpha, alpha_layout[n.name])
+            if local[0] and n.accepts_patches and len(n.shape) == 3:
+                lA, uA = as_patches(n.shape, lA, uA, local)
             if (isinstance(lA, Patches) or isinstance(uA, Patches)) and (
                     not n.accepts_patches or (alpha is not None
                                               and not isinstance(alpha, WindowAlpha))

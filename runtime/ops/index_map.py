@@ -46,6 +46,7 @@ class IndexMap:
         self.fill = torch.from_numpy(np.where(sourced, 0.0, constants).astype(np.float32))
         self.has_fill = bool(np.any(self.fill.numpy() != 0))
         self.readers = torch.from_numpy(_readers(flat, self.n_in, self.n_out))
+        self._copy_runs = None                      # scatter_add's injective route, made once
 
     @classmethod
     def from_axes(cls, in_shape: Sequence[int], axis_sources: Sequence, fill=None) -> "IndexMap":
@@ -85,11 +86,38 @@ class IndexMap:
         read s, added one at a time in ascending output order (fixed, row-independent bits).
         Unsourced outputs are dropped (their part is the bias `a . fill`)."""
         readers = self.readers.to(a.device)
+        if readers.shape[0] == 1 and self.n_out > 0:
+            # Injective (a Slice, Gather or Pad): each source reads at most one output, so the
+            # transpose only copies: out[s] = a[reader of s], +0.0 where none reads (what the
+            # zero slot gives). Where the readers are a few runs of consecutive outputs (a
+            # slice of channels or rows), those runs are copied as blocks: the input Slice of
+            # carvana's UNet spent 12-18% of its CROWN stage in the indexed gather.
+            runs = self._runs()
+            if runs is not None:
+                out = a.new_zeros((*a.shape[:-1], self.n_in))
+                for s0, o0, n in runs:
+                    out[..., s0:s0 + n] = a[..., o0:o0 + n]
+                return out
         padded = torch.cat([a, a.new_zeros((*a.shape[:-1], 1))], dim=-1)   # n_out: a zero slot
         out = padded.index_select(-1, readers[0])
         for j in range(1, readers.shape[0]):
             out = out + padded.index_select(-1, readers[j])
         return out
+
+    def _runs(self, most: int = 16):
+        """(source start, output start, length) of the runs in which consecutive sources
+        read consecutive outputs (an injective map), or None past `most` runs; made once."""
+        if self._copy_runs is None:
+            readers = self.readers[0].numpy()
+            src = np.nonzero(readers != self.n_out)[0]
+            out = readers[src]
+            breaks = np.nonzero((np.diff(src) != 1) | (np.diff(out) != 1))[0] + 1
+            starts = np.concatenate([[0], breaks]).astype(np.int64)
+            ends = np.concatenate([breaks, [len(src)]]).astype(np.int64)
+            self._copy_runs = (False if len(src) == 0 or len(starts) > most else
+                               [(int(src[a]), int(out[a]), int(b - a))
+                                for a, b in zip(starts, ends)])
+        return self._copy_runs or None
 
     @property
     def depth(self) -> int:

@@ -116,6 +116,46 @@ class Patches:
         values[0, torch.arange(k, device=device), index // (H * W), 0, 0] = 1
         return cls(values, torch.stack([(index // W) % H, index % W], dim=1), node_shape)
 
+    @classmethod
+    def from_dense(cls, A: torch.Tensor, node_shape, max_share: float = 0.25,
+                   also: torch.Tensor | None = None) -> "Patches | None":
+        """Dense rows (B, S, C, H, W) whose nonzeros (over every box and channel; those of
+        `also`, the other side's rows, too) lie in a small window per row, as patches with
+        those windows, inside the grid; None where a window would exceed `max_share` of the
+        grid. Rows that reach a conv node dense although each is local (a spec or a Softmax
+        over a transposed node: every row of carvana's per-pixel Softmax touches one pixel)
+        then cross the convolutions as windows. The values are the dense entries, copied."""
+        C, H, W = node_shape
+        if A.dim() != 5 or tuple(A.shape[2:]) != (C, H, W) or A.shape[1] == 0:
+            return None
+        nz = (A != 0).any(dim=2).any(dim=0)                     # (S, H, W)
+        if also is not None:
+            nz |= (also != 0).any(dim=2).any(dim=0)
+        rows, cols = nz.any(dim=2), nz.any(dim=1)               # (S, H), (S, W)
+        hs = torch.arange(H, device=A.device)
+        ws = torch.arange(W, device=A.device)
+        top = torch.where(rows, hs, H).min(dim=1).values
+        bottom = torch.where(rows, hs, -1).max(dim=1).values
+        left = torch.where(cols, ws, W).min(dim=1).values
+        right = torch.where(cols, ws, -1).max(dim=1).values
+        ph = max(1, int((bottom - top + 1).max()))
+        pw = max(1, int((right - left + 1).max()))
+        if ph * pw > max_share * H * W:
+            return None
+        # corners moved up / left where a window would pass the far edge (an empty row: 0)
+        oy = torch.minimum(top.clamp(max=H - 1), torch.tensor(H - ph, device=A.device))
+        ox = torch.minimum(left.clamp(max=W - 1), torch.tensor(W - pw, device=A.device))
+        origin = torch.stack([oy, ox], dim=1)
+        return cls(cls.windows_of(A, origin, (ph, pw)), origin, node_shape)
+
+    @staticmethod
+    def windows_of(A: torch.Tensor, origin: torch.Tensor, window) -> torch.Tensor:
+        """(B, S, C, ph, pw): each row of dense `A` (B, S, C, H, W) at its window (inside)."""
+        ph, pw = window
+        views = A.unfold(3, ph, 1).unfold(4, pw, 1)             # (B, S, C, H', W', ph, pw)
+        rows = torch.arange(origin.shape[0], device=origin.device)
+        return views[:, rows, :, origin[:, 0], origin[:, 1]].transpose(0, 1).contiguous()
+
     # -- geometry -------------------------------------------------------------------------------
     def _coords(self):
         """Grid rows (S, ph) and columns (S, pw) of every window position."""
@@ -494,6 +534,24 @@ class WindowTable:
 
 def _differentiable(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def as_patches(node_shape, lA, uA, local: list):
+    """Dense rows at a (C, H, W) node as patches where every row is local to a window
+    (`Patches.from_dense`, both sides on the same windows), else as they are and `local[0]`
+    False for the rest of the pass (windows only grow towards the input): carvana's
+    per-pixel Softmax rows crossed its convolutions dense (`Network._propagate`)."""
+    if isinstance(lA, Patches) or isinstance(uA, Patches) or not isinstance(
+            lA, torch.Tensor) or lA.requires_grad or lA.dim() != 5 or (
+            isinstance(uA, torch.Tensor) and uA.requires_grad):
+        return lA, uA
+    P = Patches.from_dense(lA, node_shape, also=None if (uA is None or uA is lA) else uA)
+    if P is None:
+        local[0] = False
+        return lA, uA
+    if uA is lA or uA is None:
+        return P, (P if uA is lA else None)
+    return P, P.with_values(Patches.windows_of(uA, P.origin, P.window))
 
 
 def dense(A):
