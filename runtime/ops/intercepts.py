@@ -331,16 +331,21 @@ class InterceptRelaxation(SlopeSearch, ElementwiseRelaxation):
         b64 = torch.where(sloped, b64, const, out=b64)
         # down for the lower line, up for the upper one (round_up(x) = -round_down(-x))
         b32 = _round_down_(b64.mul_(side)).mul_(side.to(torch.float32))
-        # a slope or an intercept beyond float32: the constant line instead
-        bad = sloped & ~(torch.isfinite(b32) & torch.isfinite(w32.detach()))
-        if bool(bad.any()):
+        # a slope or an intercept beyond float32: the constant line instead. (First one sum
+        # each: finite sums mean every entry is finite, nothing is bad; an infinite sum of
+        # finite entries only takes the exact test. Four passes over the lines fewer.)
+        bad = None
+        if not bool(torch.isfinite(b32.sum() + w32.detach().sum())):
+            bad = sloped & ~(torch.isfinite(b32) & torch.isfinite(w32.detach()))
+        if bad is not None and bool(bad.any()):
             w32 = torch.where(bad, torch.zeros_like(w32), w32)
             b32 = torch.where(bad, side.to(torch.float32) * round_down(side * const), b32)
         # a constant line may stop at the function's range (f lies inside it)
         flat = torch.stack([b32[0].clamp(min=r0), b32[1].clamp(max=r1)])
         b32 = torch.where(w32.detach() == 0, flat, b32)
         if w32.requires_grad:       # d(intercept)/d(slope) = -x*, forward bits unchanged
-            x_arg = x_arg.masked_fill(~(sloped & ~bad), 0.0).to(torch.float32)
+            ok = sloped if bad is None else sloped & ~bad
+            x_arg = x_arg.masked_fill(~ok, 0.0).to(torch.float32)
             b32 = _TouchGradient.apply(w32, b32, x_arg)
         out = [(w32[0], b32[0]), (w32[1], b32[1])]
         return Lines(out[0][0], out[0][1], out[1][0], out[1][1])
