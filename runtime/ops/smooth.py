@@ -80,41 +80,52 @@ class SShaped(InterceptRelaxation):
         float or a +-1 tensor broadcasting against w, each entry's bits the same either way."""
         side = torch.as_tensor(side, dtype=F64, device=w.device)
         lower = side > 0
-        # P = [a, c]: empty (a > c) where the interval lies wholly on the other side of 0
+        # P = [a, c]; where the interval lies wholly on the other side of 0 (P empty), the
+        # end of [lo, hi] nearest P instead: there the tangent candidate is h at that end, a
+        # bound on h(end) only, but h is concave on [lo, hi] and its minimum is at an end
         a = torch.where(lower, lo, lo.clamp(min=0))
         c = torch.where(lower, hi.clamp(max=0), hi)
         outside = a > c
+        a, c = torch.where(outside & ~lower, c, a), torch.where(outside & lower, a, c)
         width = c - a
+        # The error terms, bounded per neuron where the generic code bounds them per element
+        # (a few ulps looser, 4 operations on the big tensor fewer): |f(t)| <= 2 max(|f(lo)|,
+        # |f(hi)|) (f is monotone; 2 covers the rounding of f64) and |t| <= max(|a|, |c|) (t
+        # is clamped into [a, c]); so err64 + EPS |w t| + TINY + (derr64 + EPS |w|) width
+        # <= const + |w| per_w + |f'(t)| EPS width. (f'(t) stays per element: on a wide
+        # interval it is tiny where max_slope is not.)
+        f_hi, f_lo = self.f64(hi), self.f64(lo)
+        const = torch.maximum(f_hi.abs(), f_lo.abs()).mul_(2 * EPS).add_(TINY)
+        per_w = torch.maximum(a.abs(), c.abs()).add_(width).mul_(EPS)
         # Per element, in place on a few buffers: a fresh tensor per operation costs more in
         # page faults than its arithmetic (measured: 83 -> 25 ms a call with glibc told to
-        # keep freed memory). The same operations in the same order: the same bits.
+        # keep freed memory).
         t = self.touch_positive64(w.clamp(1e-300, self.max_slope)).mul_(-side)
         t.clamp_(min=a, max=c)
         ft, dft = self.f_df64(t)
-        wt = w * t
-        err = ft.abs().mul_(EPS)                    # err64 (EPS relative, the default)
-        tmp = wt.abs().mul_(EPS)
-        err.add_(tmp).add_(TINY)
-        torch.abs(w, out=tmp).mul_(EPS)             # (derr64 + EPS |w|) width
-        err.add_(dft.abs().mul_(EPS).add_(tmp).mul_(width))
+        aw = w.abs()
+        err = torch.addcmul(const, aw, per_w)
+        wt = torch.abs(dft)
+        err.addcmul_(wt, width.mul_(EPS))
+        torch.mul(w, t, out=wt)
         ht = ft.sub_(wt).mul_(side)
         dh = dft.sub_(w).mul_(side)
         tangent = torch.sub(a, t, out=wt).mul_(dh)  # min(dh (a - t), dh (c - t))
-        torch.minimum(tangent, torch.sub(c, t, out=tmp).mul_(dh), out=tangent)
-        bound = tangent.add_(ht).sub_(err).masked_fill_(outside, INF)
-        best, best_x = ht.masked_fill_(outside, INF), t
-        q, h = dh, err
-        for x in (hi, lo):          # the ends: f per neuron, the products per line
-            fx = self.f64(x)
-            sfx = side * fx
-            base = sfx - EPS * fx.abs() - TINY
-            torch.mul(w, x, out=q).mul_(side)
+        h = torch.sub(c, t).mul_(dh)
+        bound = torch.minimum(tangent, h, out=tangent).add_(ht).sub_(err)
+        best, best_x = ht, t
+        q = dh
+        for k, (x, fx) in enumerate(((hi, f_hi), (lo, f_lo))):  # the ends: f per neuron
+            sfx, sx = side * fx, side * x
+            torch.mul(w, sx, out=q)
             torch.sub(sfx, q, out=h)
             torch.where(h <= best, x, best_x, out=best_x)
-            torch.minimum(best, h, out=best)
-            torch.sub(base, q, out=h).sub_(q.abs_().mul_(EPS))
-            torch.minimum(bound, h, out=bound)
-        bound.masked_fill_(torch.isnan(bound), -INF)
+            if k == 0:
+                torch.minimum(best, h, out=best)
+            # h - (EPS |f(x)| + TINY + EPS |w x|)
+            torch.addcmul(EPS * fx.abs() + TINY, aw, EPS * x.abs(), out=q)
+            torch.minimum(bound, h.sub_(q), out=bound)
+        bound.nan_to_num_(nan=-INF, posinf=INF, neginf=-INF)
         return bound.mul_(side), best_x
 
     def _argmin_search(self, lo, hi, w_shape, side):
@@ -216,11 +227,11 @@ class Sigmoid(SShaped):
 
     def touch_positive64(self, w):
         # s (1 - s) = w with s = (1 + q) / 2, q = sqrt(1 - 4w): x = logit(s)
-        # = log(s / (1 - s)) = 2 log(1 + q) - log(4w), without cancellation for small w
-        # (in place: the same bits)
+        # = log(s / (1 - s)) = log((1 + q)^2 / (4w)), without cancellation for small w (w
+        # >= 1e-300: no overflow); one log, not two (a touching point only has to be close)
         w4 = 4 * w
-        q = torch.rsub(w4, 1).clamp_(min=0).sqrt_().add_(1).log_().mul_(2)
-        return q.sub_(w4.log_())
+        q = torch.rsub(w4, 1).clamp_(min=0).sqrt_().add_(1)
+        return q.mul_(q).div_(w4).log_()
 
 
 @register_op
@@ -247,10 +258,10 @@ class Tanh(SShaped):
         return torch.tanh(x), d.mul_(x2.exp_().add_(1.0).reciprocal_())
 
     def touch_positive64(self, w):
-        # 1 - t^2 = w with t = r = sqrt(1 - w): x = atanh(r) = log(1 + r) - log(w) / 2
-        # (in place: the same bits)
-        r = torch.rsub(w, 1).clamp_(min=0).sqrt_().add_(1).log_()
-        return r.sub_(torch.log(w).mul_(0.5))
+        # 1 - t^2 = w with t = r = sqrt(1 - w): x = atanh(r) = log((1 + r)^2 / w) / 2
+        # (one log, not two: a touching point only has to be close)
+        r = torch.rsub(w, 1).clamp_(min=0).sqrt_().add_(1)
+        return r.mul_(r).div_(w).log_().mul_(0.5)
 
 
 @register_op
