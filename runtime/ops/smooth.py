@@ -70,7 +70,8 @@ class SShaped(InterceptRelaxation):
         clamped into P; `touch_positive64`'s closed form, so no search); on the concave rest
         the minimum is at that rest's ends, which are lo or hi or the inflection point 0, and
         0 lies in P whenever the interval crosses it. So min(tangent bound on P, h(lo), h(hi))
-        is sound, with the generic code's error terms (`err64`, `derr64`, EPS per product).
+        is sound, with error terms at least the generic code's (`err64`, `derr64`, EPS per
+        product; some bounded per neuron, below).
         What does not depend on the slope (f at the ends, P) is per neuron, computed once
         for every row of a start node: the per-element work is one touching point and one
         evaluation of f and f' (alpha-CROWN calls this for every row of every start node
