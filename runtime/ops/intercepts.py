@@ -86,6 +86,56 @@ def round_up(x64: torch.Tensor) -> torch.Tensor:
     return torch.nextafter(y, y.new_tensor(math.inf))
 
 
+def _round_down_(x64: torch.Tensor) -> torch.Tensor:
+    """`round_down` with fewer temporaries (x64 is clobbered): the same bits."""
+    y = x64.to(torch.float32)
+    minus = y.new_tensor(-math.inf)
+    above = torch.gt(y.to(F64, copy=False), x64, out=torch.empty(y.shape, dtype=torch.bool))
+    torch.where(above, torch.nextafter(y, minus, out=x64.new_empty(0, dtype=y.dtype)), y,
+                out=y)
+    return torch.nextafter(y, minus, out=y)
+
+
+class _AlphaSlopes(torch.autograd.Function):
+    """float32 slopes (2, B, S, *shape) of alpha (B, S, 2, *shape): `alpha_slopes64` of each
+    entry (smin + alpha / ALPHA_SPAN (smax - smin)), 0 where not sloped, `to_slope`'s flush,
+    computed in place on one float64 buffer, with the gradient autograd gives that chain (the
+    same operations: the same bits); alpha-CROWN asks for it per row of every start node."""
+
+    @staticmethod
+    def forward(ctx, alpha, smin, smax, sloped):
+        d = smax - smin
+        w = torch.empty((2, *alpha[:, :, 0].shape), dtype=F64, device=alpha.device)
+        w.copy_(alpha.detach().movedim(2, 0))
+        w.div_(ALPHA_SPAN).mul_(d).add_(smin).masked_fill_(~sloped, 0.0)
+        w32 = w.to(torch.float32)
+        flush = w32.abs() < TINY
+        ctx.save_for_backward(d, sloped, flush)
+        return w32.masked_fill_(flush, 0.0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        d, sloped, flush = ctx.saved_tensors
+        g = grad.masked_fill(flush, 0.0).to(F64).masked_fill_(~sloped, 0.0)
+        g = g.mul_(d).div_(ALPHA_SPAN).add_(0.0)    # (+ 0: the two slices' gradients summed)
+        return g.to(torch.float32).movedim(0, 2), None, None, None
+
+
+class _TouchGradient(torch.autograd.Function):
+    """b + (w - w.detach()) (-x*): the intercept b (no gradient of its own) with the
+    envelope theorem's gradient -x* per slope w, without autograd's three temporaries."""
+
+    @staticmethod
+    def forward(ctx, w, b, x):
+        ctx.save_for_backward(x)
+        return b
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * x.neg(), None, None
+
+
 def to_slope(w64: torch.Tensor) -> torch.Tensor:
     """float32 slope (differentiable); denormals flushed to 0 (any slope is sound)."""
     w = w64.to(torch.float32)
@@ -255,35 +305,48 @@ class InterceptRelaxation(SlopeSearch, ElementwiseRelaxation):
         sloped = self.sloped64(l64, u64)
         L, U = self._probe(sloped, l64, u64)
         zero = torch.zeros_like(l64)
+        w32 = None
         if alpha is None:
             wl, wu = self.default_slopes64(L, U)
         else:
-            a = alpha.to(F64)
             span = self._cached("_slope_ranges", lo, hi, lambda: self.slope_range64(L, U))
-            wl = self.alpha_slopes64(L, U, a[:, :, 0], span)
-            wu = self.alpha_slopes64(L, U, a[:, :, 1], span)
+            if (type(self).alpha_slopes64 is InterceptRelaxation.alpha_slopes64
+                    and broadcast_shape(alpha[:, :, 0].shape, span[0].shape)
+                    == alpha[:, :, 0].shape):
+                w32 = _AlphaSlopes.apply(alpha, span[0], span[1], sloped)
+            else:
+                a = alpha.to(F64)
+                wl = self.alpha_slopes64(L, U, a[:, :, 0], span)
+                wu = self.alpha_slopes64(L, U, a[:, :, 1], span)
         # both lines at once, stacked on a leading axis: entry 0 the lower line, 1 the upper
-        w32 = to_slope(torch.where(sloped, torch.stack(torch.broadcast_tensors(wl, wu)), zero))
+        if w32 is None:
+            w32 = to_slope(torch.where(sloped, torch.stack(torch.broadcast_tensors(wl, wu)),
+                                       zero))
         side = _SIDES.to(w32.device).reshape(2, *([1] * (w32.dim() - 1)))
         rmin, rmax = self.range64(l64, u64)
         r0, r1 = self.value_range
         b64, x_arg = self._intercept64(L, U, w32.detach().to(F64), side)
         const = torch.stack([rmin, rmax])
         const = const - side * _margin(const)
-        b64 = torch.where(sloped, b64, const)
+        b64 = torch.where(sloped, b64, const, out=b64)
         # down for the lower line, up for the upper one (round_up(x) = -round_down(-x))
-        b32 = side.to(torch.float32) * round_down(side * b64)
-        # a slope or an intercept beyond float32: the constant line instead
-        bad = sloped & ~(torch.isfinite(b32) & torch.isfinite(w32.detach()))
-        if bool(bad.any()):
+        b32 = _round_down_(b64.mul_(side)).mul_(side.to(torch.float32))
+        # a slope or an intercept beyond float32: the constant line instead. (First one sum
+        # each: finite sums mean every entry is finite, nothing is bad; an infinite sum of
+        # finite entries only takes the exact test. Four passes over the lines fewer.)
+        bad = None
+        if not bool(torch.isfinite(b32.sum() + w32.detach().sum())):
+            bad = sloped & ~(torch.isfinite(b32) & torch.isfinite(w32.detach()))
+        if bad is not None and bool(bad.any()):
             w32 = torch.where(bad, torch.zeros_like(w32), w32)
             b32 = torch.where(bad, side.to(torch.float32) * round_down(side * const), b32)
         # a constant line may stop at the function's range (f lies inside it)
         flat = torch.stack([b32[0].clamp(min=r0), b32[1].clamp(max=r1)])
         b32 = torch.where(w32.detach() == 0, flat, b32)
         if w32.requires_grad:       # d(intercept)/d(slope) = -x*, forward bits unchanged
-            x_arg = torch.where(sloped & ~bad, x_arg, zero).to(torch.float32)
-            b32 = b32 + (w32 - w32.detach()) * (-x_arg)
+            ok = sloped if bad is None else sloped & ~bad
+            x_arg = x_arg.masked_fill(~ok, 0.0).to(torch.float32)
+            b32 = _TouchGradient.apply(w32, b32, x_arg)
         out = [(w32[0], b32[0]), (w32[1], b32[1])]
         return Lines(out[0][0], out[0][1], out[1][0], out[1][1])
 
