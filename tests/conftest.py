@@ -5,10 +5,17 @@ from __future__ import annotations
 import os
 import sys
 
-import shardbound  # noqa: F401  (first: sets MKL_CBWR before any BLAS call)
-import numpy as np
-import onnx
-import pytest
+# One intra-op thread per test process unless the caller says otherwise: the suite runs two
+# xdist workers (and rank jobs) on a 2-core machine, where torch's default of one thread per
+# core in each worker oversubscribed the cores (OpenMP workers spinning beside the other
+# worker): 7% of the wall time on tests/ops + test_verify_fsdp, 9% of a lone test_sound run.
+# Tests about thread counts set them themselves (torch.set_num_threads, the jobs' "threads").
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import shardbound  # noqa: E402,F401  (first: sets MKL_CBWR before any BLAS call)
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+import pytest  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 
