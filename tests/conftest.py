@@ -106,7 +106,7 @@ def _group(item) -> str:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Work units for `pytest -n 2 --dist loadgroup` (pyproject.toml addopts): every test file
+    """Work units for `pytest -n 3 --dist loadgroup` (pyproject.toml addopts): every test file
     is a group of its own (its module fixtures, such as compiled programs and whole multi-rank
     jobs, built once), unless its tests name a group themselves (`xdist_group`: files that
     share a process-level cache, such as multirank.fsdp_zoo_runs). Measured on 2 idle cores:
