@@ -48,6 +48,14 @@ def compile_onnx_in(directory, model, name="m", **options):
     return load(str(out)), str(path)
 
 
+def networks_by_order(tmp_path_factory, tag, model, orders=("blocked", "fast")) -> dict:
+    """{summation order: the loaded Network} of `model` compiled once per order in a new
+    folder `tag` (module fixtures that compare the orders' bits)."""
+    tmp = tmp_path_factory.mktemp(tag)
+    return {order: compile_onnx_in(tmp, model, order, summation=order)[0].network
+            for order in orders}
+
+
 def compile_zoo_in(directory, name, seed=0, **options):
     """zoo model `name` saved and compiled under `directory` (a pathlib.Path), loaded:
     (verifier, onnx model, model path). Module fixtures call it with their own folder."""

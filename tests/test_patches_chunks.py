@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import zoo
-from conftest import random_box
+from conftest import networks_by_order, random_box
 
 
 def _conv3x3(b, rng, x, c_in, c_out, stride=1):
@@ -40,18 +40,8 @@ def _conv_resnet(rng):
 
 @pytest.fixture(scope="module")
 def networks(tmp_path_factory):
-    from shardbound.compiler.driver import compile_model
-    from shardbound.passes.manager import PassOptions
-    from shardbound.runtime import load
-
     model, shape = _conv_resnet(np.random.default_rng(11))
-    tmp = tmp_path_factory.mktemp("patch_chunks")
-    onnx.save(model, tmp / "m.onnx")
-    nets = {}
-    for order in ("blocked", "fast"):
-        compile_model(str(tmp / "m.onnx"), str(tmp / order), PassOptions(summation=order))
-        nets[order] = load(str(tmp / order)).network
-    return nets, shape
+    return networks_by_order(tmp_path_factory, "patch_chunks", model), shape
 
 
 @pytest.mark.parametrize("order", ["blocked", "fast"])

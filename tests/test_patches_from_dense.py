@@ -7,12 +7,11 @@ both they hold at sampled points of the box and the conversion did happen."""
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
 import torch
 
 import zoo
-from conftest import random_box
+from conftest import networks_by_order, random_box
 
 
 def _softmax_unet(rng):
@@ -37,18 +36,8 @@ def _softmax_unet(rng):
 
 @pytest.fixture(scope="module")
 def networks(tmp_path_factory):
-    from shardbound.compiler.driver import compile_model
-    from shardbound.passes.manager import PassOptions
-    from shardbound.runtime import load
-
     model, shape = _softmax_unet(np.random.default_rng(5))
-    tmp = tmp_path_factory.mktemp("from_dense")
-    onnx.save(model, tmp / "m.onnx")
-    nets = {}
-    for order in ("blocked", "fast"):
-        compile_model(str(tmp / "m.onnx"), str(tmp / order), PassOptions(summation=order))
-        nets[order] = load(str(tmp / order)).network
-    return nets, shape
+    return networks_by_order(tmp_path_factory, "from_dense", model), shape
 
 
 @pytest.mark.parametrize("order", ["blocked", "fast"])
