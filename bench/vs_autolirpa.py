@@ -35,6 +35,11 @@ row what a timed bound cost besides its CPU time (medians): wall minus CPU time,
 page faults and context switches (voluntary: waits, e.g. on a thread pool; involuntary: the
 core taken by another process), which is where the wall-clock ratio and the CPU ratio part.
 
+`--malloc keep` (the default): every tool's timed worker runs with glibc keeping freed memory
+for reuse (MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_), the setting shardbound's runs
+make themselves (runtime/program/allocator.py), so both tools are timed alike; `--malloc
+default` times glibc's own behaviour (the memory workers always use their own setting).
+
 `--one-bound` (models whose bound takes minutes, e.g. mlp4096's full alpha-CROWN): one bound per
 tool in a worker of its own, tools one after another, no warm-up, its peak counted from before
 that bound (one-time lazy set-up included); time and CPU columns are that one bound's.
@@ -370,6 +375,14 @@ class _Worker:
         self.tool, self.method = tool, method
         python = args.lirpa_python if tool == "lirpa" else sys.executable
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        if args.malloc == "keep" and not memory:
+            # every tool's timed worker with the allocator setting shardbound's runs make
+            # (runtime/program/allocator.py), given as glibc's own variables so that
+            # auto_LiRPA's worker gets it too
+            from shardbound.runtime.program.allocator import MMAP_BELOW, TRIM_ABOVE
+
+            env.setdefault("MALLOC_MMAP_THRESHOLD_", str(MMAP_BELOW))
+            env.setdefault("MALLOC_TRIM_THRESHOLD_", str(TRIM_ABOVE))
         if memory:
             # A fixed mmap threshold: large tensors are mapped and unmapped, never kept in the
             # heap after a bound, so a bound's peak RSS is its own (every tool alike). Only
@@ -528,6 +541,10 @@ def main(argv=None) -> int:
     ap.add_argument("--one-bound", action="store_true",
                     help="one bound per tool, no warm-up, peak RSS from that bound (models "
                          "whose bound takes minutes); --repeat is ignored")
+    ap.add_argument("--malloc", choices=("keep", "default"), default="keep",
+                    help="keep: every tool's timed worker keeps freed memory for reuse, as "
+                         "shardbound's runs do (runtime/program/allocator.py); default: "
+                         "glibc's own behaviour for every tool")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", help="keep models and compiled programs here (default: temporary)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -557,7 +574,8 @@ def main(argv=None) -> int:
     ref = "auto_LiRPA" if args.lirpa else "shardbound fast"
     print(f"# shardbound vs auto_LiRPA: torch {torch.__version__}, 1 thread per tool, "
           f"{args.repeat} round-robin rounds after a warm-up, {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.2f} at start\n")
+          f"load average {os.getloadavg()[0]:.2f} at start; timed workers' malloc: "
+          f"{args.malloc}\n")
     print(f"| model | method | tool | time s | x {ref} | CPU ms min / median | CPU x (min) | "
           f"tighter than {ref} (min / max) | peak MiB |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|")

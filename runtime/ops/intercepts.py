@@ -57,6 +57,7 @@ import torch
 from shardbound.runtime.ops.intercept_search import (  # noqa: F401  (re-exported)
     BISECTION_STEPS, ENVELOPE_STEPS, F64, INF, SIDES as _SIDES, TOUCH_STEPS, SlopeSearch, bisect,
     h_convexity, no_nan)
+from shardbound.runtime.numerics.select import blend
 from shardbound.runtime.numerics.shapes import broadcast_shape
 from shardbound.runtime.ops.relaxation import ElementwiseRelaxation, Lines
 from shardbound.runtime.ops.memo import tensor_key
@@ -91,8 +92,8 @@ def _round_down_(x64: torch.Tensor) -> torch.Tensor:
     y = x64.to(torch.float32)
     minus = y.new_tensor(-math.inf)
     above = torch.gt(y.to(F64, copy=False), x64, out=torch.empty(y.shape, dtype=torch.bool))
-    torch.where(above, torch.nextafter(y, minus, out=x64.new_empty(0, dtype=y.dtype)), y,
-                out=y)
+    # (where the rounding went up follows the data: a branch-free pick, numerics/select.py)
+    y = blend(above, torch.nextafter(y, minus, out=x64.new_empty(0, dtype=y.dtype)), y)
     return torch.nextafter(y, minus, out=y)
 
 
@@ -349,6 +350,13 @@ class InterceptRelaxation(SlopeSearch, ElementwiseRelaxation):
             b32 = _TouchGradient.apply(w32, b32, x_arg)
         out = [(w32[0], b32[0]), (w32[1], b32[1])]
         return Lines(out[0][0], out[0][1], out[1][0], out[1][1])
+
+    def _alpha_step(self, lA, uA, bounds, alpha):
+        from shardbound.runtime.ops import selected_lines
+
+        if not selected_lines.selects_lines(self, alpha, lA):
+            return None
+        return selected_lines.crown_selected(self, lA, uA, bounds, alpha)
 
     def _pieces_within(self, lo, hi):
         """(index, a, c, inside, curvature) per piece: [a, c] = the piece within [lo, hi]."""

@@ -124,6 +124,10 @@ class ElementwiseRelaxation(Op):
             return self._crown_window_alpha(lA, uA, in_bounds[0], alpha.values)
         if isinstance(alpha, SparseAlpha):
             return self._crown_sparse_alpha(lA, uA, in_bounds[0], alpha)
+        if alpha is not None:
+            step = self._alpha_step(lA, uA, in_bounds[0], alpha)
+            if step is not None:
+                return step
         bounds = in_bounds[0]
         lo, hi = bounds[0].unsqueeze(1), bounds[1].unsqueeze(1)   # broadcast over the S rows
         if alpha is None and not _differentiable(*bounds):
@@ -145,6 +149,12 @@ class ElementwiseRelaxation(Op):
         uA_in, u_bias = self._side(uA, lines.upper_slope, lines.upper_icpt,
                                    lines.lower_slope, lines.lower_icpt)
         return [lA_in], [uA_in], l_bias, u_bias
+
+    def _alpha_step(self, lA, uA, bounds, alpha):
+        """A kernel's own step with dense alphas (the four results of `crown_backward`), or
+        None for the generic one (computed-intercept kernels make one line per element:
+        selected_lines.py)."""
+        return None
 
     def _crown_patches(self, lA, uA, lines: Lines):
         """The step on rows in patches form: the lines gathered once at the windows (both

@@ -18,7 +18,9 @@ import math
 
 import torch
 
+from shardbound.runtime.numerics.select import blend, mask_bits
 from shardbound.runtime.ops.base import register_op
+from shardbound.runtime.ops.intercept_search import SIDES
 from shardbound.runtime.ops.intercepts import (ALPHA_SPAN, EPS, F64, HUGE, INF, TINY,  # noqa: F401
                                                 InterceptRelaxation, round_down, round_up)
 
@@ -29,6 +31,23 @@ def _sig(x):
     """1 / (1 + e^-x) in the dtype of x; saturates to 0 / 1 without inf or NaN. (reciprocal:
     the bits of 1.0 / t, which torch computes as t.reciprocal() * 1.0, one kernel less.)"""
     return torch.reciprocal(1.0 + torch.exp(-x))
+
+
+def _piece_ends(lo, hi, side):
+    """What `SShaped._intercept64` needs of the side alone: P = [a, c], the piece of [lo, hi]
+    where f has the line's curvature (x <= 0 for the lower line, x >= 0 for the upper one),
+    and the error terms' EPS (max(|a|, |c|) + c - a) and EPS (c - a). Where the interval lies
+    wholly on the other side of 0 (P empty), the end of [lo, hi] nearest P instead: there the
+    tangent candidate is h at that end, a bound on h(end) only, but h is concave on [lo, hi]
+    and its minimum is at an end."""
+    lower = side > 0
+    a = torch.where(lower, lo, lo.clamp(min=0))
+    c = torch.where(lower, hi.clamp(max=0), hi)
+    outside = a > c
+    a, c = torch.where(outside & ~lower, c, a), torch.where(outside & lower, a, c)
+    width = c - a
+    per_w = torch.maximum(a.abs(), c.abs()).add_(width).mul_(EPS)
+    return a, c, per_w, width.mul_(EPS)
 
 
 class SShaped(InterceptRelaxation):
@@ -43,9 +62,10 @@ class SShaped(InterceptRelaxation):
     pieces = ((-math.inf, 0.0, "convex"), (0.0, math.inf, "concave"))
     max_slope = 1.0                     # f'(0)
     # autograd's saved A-sized tensors per step (alpha_model.py), measured with the ledger on
-    # tests/zoo.py's sigmoid_mlp and tanh_mlp after the closed-form intercept and its two
-    # autograd functions (the generic intercept's 10.6 / 12.6 over-predicted by 8-11%)
-    alpha_saved = (8.6, 10.6)
+    # tests/zoo.py's sigmoid_mlp and tanh_mlp (box radius 0.3) after the one-line-per-element
+    # step (selected_lines.py): alpha-CROWN's peak 1.04-1.05x of it under `blocked`, 0.89-0.90x
+    # under `fast` (the two-line step's (8.6, 10.6) now over-predicted by 25-29%)
+    alpha_saved = (4.2, 6.2)
 
     def touch_positive64(self, w):
         """x >= 0 with f'(x) = w, for 0 < w <= f'(0) (w is clamped into that range)."""
@@ -84,15 +104,16 @@ class SShaped(InterceptRelaxation):
         Returns (bound, the candidate of least h: the intercept's gradient is -x*); `side` a
         float or a +-1 tensor broadcasting against w, each entry's bits the same either way."""
         side = torch.as_tensor(side, dtype=F64, device=w.device)
-        lower = side > 0
-        # P = [a, c]; where the interval lies wholly on the other side of 0 (P empty), the
-        # end of [lo, hi] nearest P instead: there the tangent candidate is h at that end, a
-        # bound on h(end) only, but h is concave on [lo, hi] and its minimum is at an end
-        a = torch.where(lower, lo, lo.clamp(min=0))
-        c = torch.where(lower, hi.clamp(max=0), hi)
-        outside = a > c
-        a, c = torch.where(outside & ~lower, c, a), torch.where(outside & lower, a, c)
-        width = c - a
+        # one side per element (selected_lines.py): what depends on the side alone is made
+        # per neuron for both sides, then chosen per element (the same bits)
+        per_element = side.numel() > 2 and side.shape == w.shape
+        if per_element:
+            upper = side < 0
+            bits = mask_bits(upper, F64)
+            pair = _piece_ends(lo, hi, SIDES.to(w.device).reshape(2, *([1] * lo.dim())))
+            a, c, per_w, eps_width = (blend(upper, t[1], t[0], bits) for t in pair)
+        else:
+            a, c, per_w, eps_width = _piece_ends(lo, hi, side)
         # The error terms, bounded per neuron where the generic code bounds them per element
         # (a few ulps looser, 4 operations on the big tensor fewer): |f(t)| <= 2 max(|f(lo)|,
         # |f(hi)|) (f is monotone; 2 covers the rounding of f64) and |t| <= max(|a|, |c|) (t
@@ -101,7 +122,6 @@ class SShaped(InterceptRelaxation):
         # interval it is tiny where max_slope is not.)
         f_hi, f_lo = self.f64(hi), self.f64(lo)
         const = torch.maximum(f_hi.abs(), f_lo.abs()).mul_(2 * EPS).add_(TINY)
-        per_w = torch.maximum(a.abs(), c.abs()).add_(width).mul_(EPS)
         # Per element, in place on a few buffers: a fresh tensor per operation costs more in
         # page faults than its arithmetic (measured: 83 -> 25 ms a call with glibc told to
         # keep freed memory).
@@ -111,7 +131,7 @@ class SShaped(InterceptRelaxation):
         aw = w.abs()
         err = torch.addcmul(const, aw, per_w)
         wt = torch.abs(dft)
-        err.addcmul_(wt, width.mul_(EPS))
+        err.addcmul_(wt, eps_width)
         torch.mul(w, t, out=wt)
         ht = ft.sub_(wt).mul_(side)
         dh = dft.sub_(w).mul_(side)
@@ -121,10 +141,17 @@ class SShaped(InterceptRelaxation):
         best, best_x = ht, t
         q = dh
         for k, (x, fx) in enumerate(((hi, f_hi), (lo, f_lo))):  # the ends: f per neuron
-            sfx, sx = side * fx, side * x
-            torch.mul(w, sx, out=q)
-            torch.sub(sfx, q, out=h)
-            torch.where(h <= best, x, best_x, out=best_x)
+            if per_element:     # side (f - w x): the bits of side f - w (side x), side +-1
+                torch.mul(w, x, out=q)
+                torch.sub(fx, q, out=h).mul_(side)
+            else:
+                sfx, sx = side * fx, side * x
+                torch.mul(w, sx, out=q)
+                torch.sub(sfx, q, out=h)
+            if per_element:     # (a data-dependent mask: branch-free, numerics/select.py)
+                best_x = blend(h <= best, x, best_x)
+            else:
+                torch.where(h <= best, x, best_x, out=best_x)
             if k == 0:
                 torch.minimum(best, h, out=best)
             # h - (EPS |f(x)| + TINY + EPS |w x|)

@@ -171,7 +171,11 @@ class Comm:
 @contextlib.contextmanager
 def rank_session(threads: int, timeout_s: float, device: str = "cpu"):
     """The communicator of one run: set the thread count, join the job (or not), and on the
-    way out close a single process's group; a job's ranks leave through `exit_rank`."""
+    way out close a single process's group; a job's ranks leave through `exit_rank`. The
+    process keeps freed memory for reuse (runtime/program/allocator.py)."""
+    from shardbound.runtime.program.allocator import keep_freed_memory
+
+    keep_freed_memory()
     torch.set_num_threads(threads)
     comm = from_environment(timeout_s=timeout_s, device=device)
     try:
