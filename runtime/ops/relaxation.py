@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
+from shardbound.runtime.numerics.select import blend
 from shardbound.runtime.numerics.shapes import broadcast_shape
 from shardbound.runtime.ops.base import Op
 from shardbound.runtime.ops.patches import Patches, SparseAlpha, WindowAlpha
@@ -412,7 +413,8 @@ class _LinesStep(torch.autograd.Function):
         A, pos_slope, neg_slope = ctx.saved_tensors
         dA = dpos = dneg = None
         if ctx.needs_input_grad[0]:
-            dA = g * torch.where(A >= 0, pos_slope, neg_slope)
+            # (the sign of A follows the data: a branch-free pick, numerics/select.py)
+            dA = g * blend(A >= 0, pos_slope, neg_slope)
         if ctx.needs_input_grad[1]:
             dpos = (g * A.clamp(min=0)).sum_to_size(pos_slope.shape)
         if ctx.needs_input_grad[2]:
