@@ -108,18 +108,30 @@ class _AlphaSlopes(torch.autograd.Function):
         d = smax - smin
         w = torch.empty((2, *alpha[:, :, 0].shape), dtype=F64, device=alpha.device)
         w.copy_(alpha.detach().movedim(2, 0))
-        w.div_(ALPHA_SPAN).mul_(d).add_(smin).masked_fill_(~sloped, 0.0)
-        w32 = w.to(torch.float32)
-        flush = w32.abs() < TINY
+        w32, flush = alpha_to_slopes_(w, d, smin, sloped)
         ctx.save_for_backward(d, sloped, flush)
-        return w32.masked_fill_(flush, 0.0)
+        return w32
 
     @staticmethod
     def backward(ctx, grad):
         d, sloped, flush = ctx.saved_tensors
-        g = grad.masked_fill(flush, 0.0).to(F64).masked_fill_(~sloped, 0.0)
-        g = g.mul_(d).div_(ALPHA_SPAN).add_(0.0)    # (+ 0: the two slices' gradients summed)
-        return g.to(torch.float32).movedim(0, 2), None, None, None
+        return slope_gradient(grad, d, sloped, flush).movedim(0, 2), None, None, None
+
+
+def alpha_to_slopes_(w: torch.Tensor, d, smin, sloped):
+    """float32 slopes smin + w / ALPHA_SPAN d (w: float64 alpha entries, overwritten), 0 where
+    not sloped, denormals flushed; and where they were flushed (for `slope_gradient`)."""
+    w.div_(ALPHA_SPAN).mul_(d).add_(smin).masked_fill_(~sloped, 0.0)
+    w32 = w.to(torch.float32)
+    flush = w32.abs() < TINY
+    return w32.masked_fill_(flush, 0.0), flush
+
+
+def slope_gradient(grad, d, sloped, flush):
+    """The gradient `alpha_to_slopes_` passes back to its alpha entries (float32)."""
+    g = grad.masked_fill(flush, 0.0).to(F64).masked_fill_(~sloped, 0.0)
+    g = g.mul_(d).div_(ALPHA_SPAN).add_(0.0)    # (+ 0: the two slices' gradients summed)
+    return g.to(torch.float32)
 
 
 class _TouchGradient(torch.autograd.Function):
@@ -324,14 +336,23 @@ class InterceptRelaxation(SlopeSearch, ElementwiseRelaxation):
             w32 = to_slope(torch.where(sloped, torch.stack(torch.broadcast_tensors(wl, wu)),
                                        zero))
         side = _SIDES.to(w32.device).reshape(2, *([1] * (w32.dim() - 1)))
+        w32, b32 = self._lines_for_slopes(l64, u64, L, U, sloped, w32, side)
+        return Lines(w32[0], b32[0], w32[1], b32[1])
+
+    def _lines_for_slopes(self, l64, u64, L, U, sloped, w32, side):
+        """(slopes, intercepts) float32 of the lines with slopes w32: side +1 entries are
+        lower lines, -1 upper ones (`side` per line, stacked, or per element:
+        selected_lines.py; each entry's bits the same either way). Intercepts computed for
+        the slopes, rounded outward; constant lines where a line may not slope."""
+        lower = side > 0
+        side32 = side.to(torch.float32)
         rmin, rmax = self.range64(l64, u64)
         r0, r1 = self.value_range
         b64, x_arg = self._intercept64(L, U, w32.detach().to(F64), side)
-        const = torch.stack([rmin, rmax])
-        const = const - side * _margin(const)
+        const = blend(lower, rmin - _margin(rmin), rmax + _margin(rmax))
         b64 = torch.where(sloped, b64, const, out=b64)
         # down for the lower line, up for the upper one (round_up(x) = -round_down(-x))
-        b32 = _round_down_(b64.mul_(side)).mul_(side.to(torch.float32))
+        b32 = _round_down_(b64.mul_(side)).mul_(side32)
         # a slope or an intercept beyond float32: the constant line instead. (First one sum
         # each: finite sums mean every entry is finite, nothing is bad; an infinite sum of
         # finite entries only takes the exact test. Four passes over the lines fewer.)
@@ -340,16 +361,16 @@ class InterceptRelaxation(SlopeSearch, ElementwiseRelaxation):
             bad = sloped & ~(torch.isfinite(b32) & torch.isfinite(w32.detach()))
         if bad is not None and bool(bad.any()):
             w32 = torch.where(bad, torch.zeros_like(w32), w32)
-            b32 = torch.where(bad, side.to(torch.float32) * round_down(side * const), b32)
+            b32 = torch.where(bad, side32 * round_down(side * const), b32)
         # a constant line may stop at the function's range (f lies inside it)
-        flat = torch.stack([b32[0].clamp(min=r0), b32[1].clamp(max=r1)])
-        b32 = torch.where(w32.detach() == 0, flat, b32)
+        flat = w32.detach() == 0
+        if bool(flat.any()):
+            b32 = torch.where(flat, blend(lower, b32.clamp(min=r0), b32.clamp(max=r1)), b32)
         if w32.requires_grad:       # d(intercept)/d(slope) = -x*, forward bits unchanged
             ok = sloped if bad is None else sloped & ~bad
             x_arg = x_arg.masked_fill(~ok, 0.0).to(torch.float32)
             b32 = _TouchGradient.apply(w32, b32, x_arg)
-        out = [(w32[0], b32[0]), (w32[1], b32[1])]
-        return Lines(out[0][0], out[0][1], out[1][0], out[1][1])
+        return w32, b32
 
     def _alpha_step(self, lA, uA, bounds, alpha):
         from shardbound.runtime.ops import selected_lines

@@ -27,36 +27,30 @@ import torch
 
 from shardbound.runtime.numerics.select import blend, mask_bits
 from shardbound.runtime.ops.intercept_search import F64
-from shardbound.runtime.ops.intercepts import (ALPHA_SPAN, TINY, InterceptRelaxation,
-                                                _margin, _round_down_, _TouchGradient,
-                                                round_down)
+from shardbound.runtime.ops.intercepts import (InterceptRelaxation, alpha_to_slopes_,
+                                                slope_gradient)
 
 
 class _AlphaSlope(torch.autograd.Function):
     """float32 slopes (B, S, *shape) of alpha (B, S, 2, *shape), entry 1 where `upper`, entry
-    0 elsewhere: per entry `_AlphaSlopes`' arithmetic (smin + alpha / ALPHA_SPAN (smax -
-    smin), 0 where not sloped, denormals flushed), so each slope has the bits the two-line
-    step gives its line; the gradient goes to the chosen entry (the other one's is 0)."""
+    0 elsewhere: per entry `_AlphaSlopes`' arithmetic (`alpha_to_slopes_`), so each slope
+    has the bits the two-line step gives its line; the gradient goes to the chosen entry
+    (the other one's is 0)."""
 
     @staticmethod
     def forward(ctx, alpha, upper, smin, smax, sloped):
         d = smax - smin
         bits32 = mask_bits(upper, torch.float32)
         chosen = blend(upper, alpha[:, :, 1].detach(), alpha[:, :, 0].detach(), bits32)
-        w = chosen.to(F64)
-        w.div_(ALPHA_SPAN).mul_(d).add_(smin).masked_fill_(~sloped, 0.0)
-        w32 = w.to(torch.float32)
-        flush = w32.abs() < TINY
+        w32, flush = alpha_to_slopes_(chosen.to(F64), d, smin, sloped)
         ctx.save_for_backward(d, sloped, flush, bits32)
-        return w32.masked_fill_(flush, 0.0)
+        return w32
 
     @staticmethod
     def backward(ctx, grad):
         d, sloped, flush, bits32 = ctx.saved_tensors
-        g = grad.masked_fill(flush, 0.0).to(F64).masked_fill_(~sloped, 0.0)
-        g = g.mul_(d).div_(ALPHA_SPAN).add_(0.0).to(torch.float32)
-        # g into entry 1 where upper, into entry 0 elsewhere (the other entry gets +0)
-        gi = g.view(torch.int32)
+        gi = slope_gradient(grad, d, sloped, flush).view(torch.int32)
+        # into entry 1 where upper, into entry 0 elsewhere (the other entry gets +0)
         out = torch.stack([torch.bitwise_and(gi, bits32.bitwise_not()),
                            torch.bitwise_and(gi, bits32)], dim=2)
         return out.view(torch.float32), None, None, None, None
@@ -65,8 +59,8 @@ class _AlphaSlope(torch.autograd.Function):
 def selects_lines(op, alpha, A) -> bool:
     """Whether `op`'s alpha step can make one line per element: a computed-intercept kernel
     with the shared slope map, dense alphas (B, S, 2, *shape) and dense rows of that shape."""
-    return (isinstance(op, InterceptRelaxation) and isinstance(alpha, torch.Tensor)
-            and type(alpha) is torch.Tensor and isinstance(A, torch.Tensor)
+    return (isinstance(op, InterceptRelaxation) and type(alpha) is torch.Tensor
+            and isinstance(A, torch.Tensor)
             and type(op).alpha_slopes64 is InterceptRelaxation.alpha_slopes64
             and alpha.dim() == A.dim() + 1 and alpha.shape[2] == 2
             and tuple(alpha[:, :, 0].shape) == tuple(A.shape))
@@ -75,36 +69,16 @@ def selects_lines(op, alpha, A) -> bool:
 def selected_lines(op: InterceptRelaxation, lo, hi, alpha, upper):
     """(slope, intercept), float32 (B, S, *shape): per element the lower line of alpha entry
     0 where `upper` is False, the upper line of entry 1 where it is True; lo, hi (B, 1,
-    *shape). `InterceptRelaxation._relax` for one side per element (its steps in its order)."""
+    *shape). `InterceptRelaxation._relax` for one side per element (its steps, its tail
+    `_lines_for_slopes`)."""
     l64 = lo.to(F64)
     u64 = torch.maximum(hi.to(F64), l64)
     sloped = op.sloped64(l64, u64)
     L, U = op._probe(sloped, l64, u64)
     span = op._cached("_slope_ranges", lo, hi, lambda: op.slope_range64(L, U))
-    bits64 = mask_bits(upper, F64)
     w32 = _AlphaSlope.apply(alpha, upper, span[0], span[1], sloped)
-    side = bits64.mul(2).add_(1).to(F64)        # -1 where upper, +1 elsewhere
-    side32 = side.to(torch.float32)
-    rmin, rmax = op.range64(l64, u64)
-    r0, r1 = op.value_range
-    b64, x_arg = op._intercept64(L, U, w32.detach().to(F64), side)
-    const = blend(upper, rmax + _margin(rmax), rmin - _margin(rmin), bits64)
-    b64 = torch.where(sloped, b64, const, out=b64)
-    b32 = _round_down_(b64.mul_(side)).mul_(side32)
-    bad = None
-    if not bool(torch.isfinite(b32.sum() + w32.detach().sum())):
-        bad = sloped & ~(torch.isfinite(b32) & torch.isfinite(w32.detach()))
-    if bad is not None and bool(bad.any()):
-        w32 = torch.where(bad, torch.zeros_like(w32), w32)
-        b32 = torch.where(bad, side32 * round_down(side * const), b32)
-    flat = w32.detach() == 0
-    if bool(flat.any()):        # a constant line may stop at the function's range
-        b32 = torch.where(flat, blend(upper, b32.clamp(max=r1), b32.clamp(min=r0)), b32)
-    if w32.requires_grad:       # d(intercept)/d(slope) = -x*, forward bits unchanged
-        ok = sloped if bad is None else sloped & ~bad
-        x_arg = x_arg.masked_fill(~ok, 0.0).to(torch.float32)
-        b32 = _TouchGradient.apply(w32, b32, x_arg)
-    return w32, b32
+    side = mask_bits(upper, torch.int64).mul_(2).add_(1).to(F64)  # -1 where upper, else +1
+    return op._lines_for_slopes(l64, u64, L, U, sloped, w32, side)
 
 
 def crown_selected(op: InterceptRelaxation, lA, uA, bounds, alpha):

@@ -7,7 +7,9 @@ memory at the top of the heap back to the system, so those temporaries are page-
 again and again: measured on this 2-core machine, one full alpha-CROWN bound of
 bench/vs_autolirpa.py's sigmoid_mlp made 540k minor faults and spent 15% of its time in the
 kernel; with freed memory kept, 63k faults and the bound took 0.81-0.90 s instead of 1.08-1.18
-(CROWN on the bench cnn -21%, resnet -18%, mnist256x2 full alpha-CROWN -20%). The pages are
+(CROWN on the bench cnn -21%, resnet -18%, mnist256x2 full alpha-CROWN -20%; single runs
+at load 5-7). After the one-line-per-element step (ops/selected_lines.py), which makes fewer
+temporaries, the sigmoid bound gained 3-12% from it (idle). The pages are
 kept by the process, never lost: the peak resident memory is the same peak.
 
 What it sets (mallopt): blocks below MMAP_BELOW come from the heap and are reused; up to
