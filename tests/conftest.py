@@ -89,11 +89,10 @@ HEAVY_FIRST = (
     "tests/test_op_zoo.py",             # ~105 s
     "tests/ops/test_gated.py",          # ~100
     "tests/test_verify_tp.py",          # ~60
-    "fsdp_zoo",                         # ~45 (test_fsdp.py and test_determinism.py)
+    "fsdp_zoo",                         # ~75 (test_fsdp, test_determinism, test_verify_fsdp)
     "tests/ops/test_exponential.py",    # ~40
     "tests/test_tp.py",                 # ~40
     "tests/ops/test_smooth_widths.py",  # ~35
-    "tests/test_verify_fsdp.py",        # ~30
     "tests/ops/test_movement.py",       # ~23
     "tests/ops/test_activation.py",     # ~20
     "tests/test_streaming.py",          # ~20
