@@ -88,10 +88,9 @@ def random_box(rng, shape, radius=0.1, center_scale=1.0):
 HEAVY_FIRST = (
     "tests/test_op_zoo.py",             # ~105 s
     "tests/ops/test_gated.py",          # ~100
-    "tests/test_verify_tp.py",          # ~60
+    "tp_jobs",                          # ~100 (test_tp.py and test_verify_tp.py)
     "fsdp_zoo",                         # ~75 (test_fsdp, test_determinism, test_verify_fsdp)
     "tests/ops/test_exponential.py",    # ~40
-    "tests/test_tp.py",                 # ~40
     "tests/ops/test_smooth_widths.py",  # ~35
     "tests/ops/test_movement.py",       # ~23
     "tests/ops/test_activation.py",     # ~20
