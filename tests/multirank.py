@@ -139,18 +139,22 @@ FSDP_METHODS = ["ibp", "crown", "alpha-crown"]
 FSDP_WORLDS = (1, 2, 3, 4)
 
 
-def fsdp_jobs(tmp, pair_sets: dict, methods=FSDP_METHODS) -> dict:
+def fsdp_jobs(tmp, pair_sets: dict, methods=FSDP_METHODS, guests=None) -> dict:
     """compile_pairs' fsdp pairs run the way the determinism tests need: the single programs
     in process on 1 and on 2 threads ("t1", "t2"), the fsdp programs on P = 1..4 ranks
     ({P: results} under "fsdp"; 2 threads per rank at P = 2), every result with its memory
     ledger (max over ranks). `pair_sets` ({name: pairs}) share the jobs (one launch per P for
     all); the answer has the same keys, each {"pairs": its pairs, "t1", "t2", "fsdp"} (the
-    result dicts, keyed by program directory, hold every set's)."""
+    result dicts, keyed by program directory, hold every set's). `guests` ({P: entries}):
+    other files' rank-driver entries that ride along in the fsdp job of that P (their
+    results are in the same dicts)."""
+    guests = guests or {}
     singles = [s for pairs in pair_sets.values() for _, s, _ in pairs]
     fsdps = [f for pairs in pair_sets.values() for _, _, f in pairs]
     t1 = run_job(tmp, singles, methods, 1, threads=1, tag="t1")
     t2 = run_job(tmp, singles, methods, 1, threads=2, tag="t2")
-    fsdp = {P: run_job(tmp, fsdps, methods, P, threads=1 + (P == 2), tag="fsdp")
+    fsdp = {P: run_job(tmp, fsdps + guests.get(P, []), methods, P, threads=1 + (P == 2),
+                       tag="fsdp")
             for P in FSDP_WORLDS}
     return {name: {"pairs": pairs, "t1": t1, "t2": t2, "fsdp": fsdp}
             for name, pairs in pair_sets.items()}
@@ -160,6 +164,14 @@ FSDP_ZOO_MODELS = ("mlp", "cnn_batchnorm", "residual", "cnn_avgpool", "layout_op
 # test_determinism.py's `exact` programs: other models' seeds and boxes, ACAS Xu 1_9
 FSDP_EXACT_MODELS = ("mlp", "cnn_batchnorm", "residual", "cnn_avgpool")
 _FSDP_ZOO: dict = {}
+# Guests of the fsdp zoo jobs: {name: (build, worlds)}, registered by the test files that read
+# fsdp_zoo_runs(...)["guests"][name] (at import: under xdist every worker collects every file,
+# so the guests are known before the first job). build(tmp) -> (entries, context) makes the
+# guest's rank-driver entries (compiled under tmp, a folder of its own); the entries join the
+# fsdp jobs of the world sizes in `worlds` (a subset of FSDP_WORLDS) instead of launches of
+# their own (each launch starts P processes that import torch, ~3 CPU-s each). A guest file
+# must share the "fsdp_zoo" xdist group, or its worker computes every job again.
+FSDP_ZOO_GUESTS: dict = {}
 
 
 def fsdp_zoo_runs(tmp_path_factory, order: str = "blocked") -> dict:
@@ -167,7 +179,9 @@ def fsdp_zoo_runs(tmp_path_factory, order: str = "blocked") -> dict:
     models FSDP_ZOO_MODELS (and the shared networks when present) compiled single and fsdp
     under `blocked`, read by test_fsdp.py (bitwise for P = 1..4, resident weights, the memory
     plan) and by test_determinism.py (threads and world sizes); "exact", test_determinism.py's
-    FSDP_EXACT_MODELS and shared networks under `exact` (its own jobs before: 9 more ranks)."""
+    FSDP_EXACT_MODELS and shared networks under `exact` (its own jobs before: 9 more ranks);
+    order "guests": {name: {"context": build's context, P: that job's results}} of
+    FSDP_ZOO_GUESTS."""
     if not _FSDP_ZOO:
         tmp = tmp_path_factory.mktemp("fsdp_zoo")
         cases = zoo_cases(tmp, FSDP_ZOO_MODELS, seed=11, radius=0.2) + shared_cases()
@@ -180,5 +194,18 @@ def fsdp_zoo_runs(tmp_path_factory, order: str = "blocked") -> dict:
         exact_cases = (zoo_cases(exact_tmp, FSDP_EXACT_MODELS, seed=21, radius=0.2)
                        + shared_cases("1_9", (-0.3, -0.2, -0.5, 0.3, 0.3), 0.1, mnist_seed=4))
         exact = compile_pairs(exact_tmp, exact_cases, "fsdp", summation="exact")
-        _FSDP_ZOO.update(fsdp_jobs(tmp, {"blocked": pairs, "exact": exact}))
+        built, guest_entries = {}, {}
+        for name, (build, worlds) in sorted(FSDP_ZOO_GUESTS.items()):
+            assert set(worlds) <= set(FSDP_WORLDS), (name, worlds)
+            guest_tmp = tmp / f"guest_{name}"
+            guest_tmp.mkdir()
+            entries, context = build(guest_tmp)
+            built[name] = (worlds, context)
+            for P in worlds:
+                guest_entries.setdefault(P, []).extend(entries)
+        _FSDP_ZOO.update(fsdp_jobs(tmp, {"blocked": pairs, "exact": exact},
+                                   guests=guest_entries))
+        fsdp = _FSDP_ZOO["blocked"]["fsdp"]
+        _FSDP_ZOO["guests"] = {name: {"context": context, **{P: fsdp[P] for P in worlds}}
+                               for name, (worlds, context) in built.items()}
     return _FSDP_ZOO[order]

@@ -168,4 +168,7 @@ def _forward_and_gradient(verifier, entry) -> dict:
 
 
 if __name__ == "__main__":
+    from shardbound.runtime.program.allocator import keep_freed_memory
+
+    keep_freed_memory()   # as a run's rank does (dist.rank_session): fewer page faults
     main(sys.argv[1], sys.argv[2])

@@ -21,7 +21,9 @@ from conftest import SHARED, random_box
 from multirank import box_entry, compile_to, run_job, shared_cases, zoo_cases
 from soundness import assert_sound
 
-pytestmark = pytest.mark.multirank     # jobs of several processes (pyproject.toml)
+# jobs of several processes (pyproject.toml); one xdist group with test_verify_tp.py, whose
+# verify entries ride in this file's jobs (TP_GUESTS, a per-process cache)
+pytestmark = [pytest.mark.multirank, pytest.mark.xdist_group("tp_jobs")]
 
 TP_MODELS = ("tp_linear_zone", "tp_mlp1", "tp_mlp2", "tp_mlp3", "tp_cnn", "mlp")
 FAST_MODELS = ("tp_mlp2", "tp_cnn")
@@ -53,14 +55,44 @@ def _bounded(cases) -> dict:
     return {name: c for name, c in cases.items() if name not in FULL_ALPHA_ONLY}
 
 
+# Guests of this file's rank jobs: {name: build}, registered at import by the files that read
+# tp_runs(...)["guests"][name] (test_verify_tp.py; under xdist every worker collects every
+# file, so they are known before the first job). build(tmp) -> ({P: rank-driver entries},
+# context): the entries join this file's job of that P (P in 2..4) instead of launches of
+# their own (P processes importing torch, ~3 CPU-s each). A guest file shares this file's
+# xdist group ("tp_jobs"), or its worker computes every job again.
+TP_GUESTS: dict = {}
+_TP: dict = {}
+
+
+def tp_runs(tmp_path_factory) -> dict:
+    """_tp_jobs, computed once per process: {"tp": (cases, single, runs), "guests": {name:
+    {"context": build's context, P: that job's results}}}."""
+    if not _TP:
+        _TP.update(_tp_jobs(tmp_path_factory.mktemp("tp")))
+    return _TP
+
+
 @pytest.fixture(scope="module")
 def tp(tmp_path_factory):
+    return tp_runs(tmp_path_factory)["tp"]
+
+
+def _tp_jobs(tmp):
     """Every model compiled as single, tp --tp-intermediate ibp, tp --tp-intermediate crown
     (and tp with --summation fast for a few), then run on P = 1..4 ranks; for the ALPHA_MODELS
     on P = 2 and 3 also alpha-CROWN (test_tp_alpha_crown) and forward values and input
     gradients at the box's corners and centre (test_tp_gradients_match_single_mode), and on
-    P = 2 and 4 full alpha-CROWN of crown programs (FULL_ALPHA_RUNS, test_tp_full_alpha_crown)."""
-    tmp = tmp_path_factory.mktemp("tp")
+    P = 2 and 4 full alpha-CROWN of crown programs (FULL_ALPHA_RUNS, test_tp_full_alpha_crown);
+    the TP_GUESTS' entries in the jobs of their world sizes."""
+    guest_entries, contexts = {}, {}
+    for name, build in sorted(TP_GUESTS.items()):
+        guest_tmp = tmp / f"guest_{name}"
+        guest_tmp.mkdir()
+        per_world, contexts[name] = build(guest_tmp)
+        assert set(per_world) <= {2, 3, 4}, (name, sorted(per_world))
+        for P, entries in per_world.items():
+            guest_entries.setdefault(P, []).extend(entries)
     cases = {}
     for name, path, lo, hi in _models(tmp):
         progs = {"single": compile_to(path, str(tmp / f"{name}_single"), mode="single"),
@@ -94,10 +126,12 @@ def tp(tmp_path_factory):
     single = run_job(tmp, entries(("single",), True, ALPHA_MODELS + tuple(FULL_ALPHA_ONLY)),
                      JOB_METHODS, 1, tag="single", bounds=True)
     runs = {P: run_job(tmp, entries(("ibp", "crown", "fast"), P in ALPHA_WORLDS,
-                                    FULL_ALPHA_RUNS.get(P, ())), JOB_METHODS, P,
-                       tag="tp", bounds=True)
+                                    FULL_ALPHA_RUNS.get(P, ())) + guest_entries.get(P, []),
+                       JOB_METHODS, P, tag="tp", bounds=True)
             for P in (1, 2, 3, 4)}
-    return cases, single, runs
+    guests = {name: {"context": context, **{P: runs[P] for P in guest_entries}}
+              for name, context in contexts.items()}
+    return {"tp": (cases, single, runs), "guests": guests}
 
 
 def _get(runs, entry, method):

@@ -3,9 +3,11 @@ single mode and in fsdp with P = 2..4 (weights sharded and streamed, CROWN rows 
 split over the ranks), for a property the attack falsifies and one that needs branch and bound.
 
 The reference is the command in single mode (called in this process). P = 2 is the command
-itself, launching its ranks; P = 3 and 4 verify both properties in one rank job each
+itself, launching its ranks; P = 3 and 4 verify both properties in a rank job each
 (tests/rank_driver.py: the verifier the command's ranks run, on the same fsdp program), which
 saves a launcher process and a compile per run (processes were most of this file's time).
+Those two jobs are the fsdp zoo's jobs of P = 3 and 4 (multirank.FSDP_ZOO_GUESTS: this file's
+entries ride along, sparing 7 rank processes), so this file shares test_fsdp.py's xdist group.
 """
 
 from __future__ import annotations
@@ -15,17 +17,22 @@ import onnx
 import pytest
 
 import zoo
-from multirank import compile_to, run_job
+from multirank import FSDP_ZOO_GUESTS, compile_to, fsdp_zoo_runs
 from test_verify import _verify, _verify_in_process, _write_property
 
-pytestmark = pytest.mark.multirank     # jobs of several processes (pyproject.toml)
+# jobs of several processes (pyproject.toml); the fsdp zoo's group: its P = 3, 4 jobs run
+# this file's verify entries (multirank.FSDP_ZOO_GUESTS, a per-process cache)
+pytestmark = [pytest.mark.multirank, pytest.mark.xdist_group("fsdp_zoo")]
+
+PROPS = ("sat", "unsat")
+OPTIONS = ["--summation", "blocked", "--stream-chunk-kib", "1"]
+RANK_JOB_WORLDS = (3, 4)
 
 
-@pytest.fixture(scope="module")
-def properties(tmp_path_factory):
+def _properties(tmp):
+    """The model (an MLP) and its two properties, written under `tmp`: (tmp, model path)."""
     from shardbound.runtime.program.loader import load
 
-    tmp = tmp_path_factory.mktemp("verify_fsdp")
     model, _ = zoo.mlp(np.random.default_rng(7), sizes=(3, 16, 16, 2))
     path = tmp / "net.onnx"
     onnx.save(model, path)
@@ -46,18 +53,13 @@ def properties(tmp_path_factory):
     return tmp, str(path)
 
 
-PROPS = ("sat", "unsat")
-OPTIONS = ["--summation", "blocked", "--stream-chunk-kib", "1"]
-
-
-@pytest.fixture(scope="module")
-def rank_jobs(properties):
-    """{P: {prop: result text}} for P = 3, 4: the fsdp program (compiled as the command
-    compiles it) verifying both properties in one job per P."""
+def _guest(tmp):
+    """The properties, and the fsdp program (compiled as the command compiles it) verifying
+    both in one rank-driver entry: ([entry], (tmp, model path, program, {prop: spec}))."""
     from shardbound.compiler.vnnlib import parse_vnnlib
     from shardbound.runtime.verification.spec import spec_from_property
 
-    tmp, path = properties
+    tmp, path = _properties(tmp)
     program = compile_to(path, str(tmp / "fsdp_job"), mode="fsdp", summation="blocked",
                          stream_chunk_bytes=1024)
     specs = {}
@@ -65,12 +67,30 @@ def rank_jobs(properties):
         spec = tmp / f"{prop}.json"
         spec.write_text(spec_from_property(parse_vnnlib(str(tmp / f"{prop}.vnnlib"))).to_json())
         specs[prop] = str(spec)
-    entry = {"dir": program, "specs": [specs[p] for p in PROPS]}
-    runs = {}
-    for P in (3, 4):
-        got = run_job(tmp, [entry], [], P, tag="verify_fsdp")
-        runs[P] = {prop: got[(program, specs[prop])]["text"] for prop in PROPS}
-    return runs
+    return [{"dir": program, "specs": [specs[p] for p in PROPS]}], (tmp, path, program, specs)
+
+
+FSDP_ZOO_GUESTS["verify_fsdp"] = (_guest, RANK_JOB_WORLDS)
+
+
+@pytest.fixture(scope="module")
+def guest(tmp_path_factory):
+    return fsdp_zoo_runs(tmp_path_factory, "guests")["verify_fsdp"]
+
+
+@pytest.fixture(scope="module")
+def properties(guest):
+    tmp, path, _, _ = guest["context"]
+    return tmp, path
+
+
+@pytest.fixture(scope="module")
+def rank_jobs(guest):
+    """{P: {prop: result text}} for P = 3, 4: the guest entry's results in the fsdp zoo's
+    job of that P."""
+    _, _, program, specs = guest["context"]
+    return {P: {prop: guest[P][(program, specs[prop])]["text"] for prop in PROPS}
+            for P in RANK_JOB_WORLDS}
 
 
 @pytest.mark.parametrize("prop", PROPS)

@@ -18,7 +18,9 @@ one rank job per P (tests/rank_driver.py: the verifier the command's ranks run, 
 compiled as the command compiles them) that verifies every property of both models, instead
 of one `verify` process (a launcher and its ranks, each importing torch) per property and P,
 which was most of this file's time; the command itself runs once, launching its ranks, on the
-ReLU-splitting property (test_tp_verify_command_equals_single).
+ReLU-splitting property (test_tp_verify_command_equals_single). Those jobs are test_tp.py's
+jobs of P = 2 and 3 (test_tp.TP_GUESTS: these entries ride along, sparing 5 rank processes),
+so this file shares test_tp.py's xdist group.
 """
 
 from __future__ import annotations
@@ -28,11 +30,14 @@ import onnx
 import pytest
 
 import zoo
-from multirank import compile_to, run_job
+from multirank import compile_to
+from test_tp import TP_GUESTS, tp_runs
 from test_verify import (_forward, _parse_result, _verify, _verify_in_process,
                          _write_property)
 
-pytestmark = pytest.mark.multirank     # jobs of several processes (pyproject.toml)
+# jobs of several processes (pyproject.toml); test_tp.py's group: its P = 2, 3 jobs run this
+# file's verify entries (test_tp.TP_GUESTS, a per-process cache)
+pytestmark = [pytest.mark.multirank, pytest.mark.xdist_group("tp_jobs")]
 
 
 # -- verdicts ---------------------------------------------------------------------------------------
@@ -78,9 +83,7 @@ def _root_bound(net, lower, upper, row) -> float:
     return float(lb[0, 0])
 
 
-@pytest.fixture(scope="module")
-def verdict_models(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("tp_verify")
+def _verdict_models(tmp):
     # 3 inputs: input splitting, 2 zones of 16 neurons (the second needs every rank's rows);
     # 20 inputs: ReLU splitting, a zone of 24 neurons.
     return tmp, {"inputs": _properties(tmp, "inputs", (3, 16, 12, 16, 2), 0.5, 7),
@@ -102,15 +105,17 @@ FAST = {"summation": "fast"}                                    # --summation fa
 BLOCKED = {"summation": "blocked", "tp_intermediate": "crown"}  # the bitwise configuration
 
 
-@pytest.fixture(scope="module")
-def tp_jobs(verdict_models):
-    """{(P, which, prop, "fast" / "blocked"): rank 0's result} of one rank job per P: every
-    property of both models verified by their tp programs (`fast` on P = 2 and 3; `blocked`
-    with CROWN intermediates on P = 2)."""
+JOB_KINDS = {2: ("fast", "blocked"), 3: ("fast",)}      # the programs each P verifies
+
+
+def _guest(tmp):
+    """The verdict models and their tp programs' entries, verifying every property of both
+    (`fast` on P = 2 and 3; `blocked` with CROWN intermediates on P = 2): ({P: entries},
+    ((tmp, models), {(which, kind): (entry, {prop: spec})}))."""
     from shardbound.compiler.vnnlib import parse_vnnlib
     from shardbound.runtime.verification.spec import spec_from_property
 
-    tmp, models = verdict_models
+    tmp, models = _verdict_models(tmp)
     entries = {}
     for which, (path, *_rest) in models.items():
         specs = {}
@@ -123,14 +128,34 @@ def tp_jobs(verdict_models):
             d = compile_to(path, str(tmp / f"{which}_tp_{kind}"), mode="tp", **options)
             entries[(which, kind)] = ({"dir": d, "specs": [specs[p] for p in PROPS],
                                        "verify_timeout": 100}, specs)
+    per_world = {P: [e for (_, kind), (e, _) in entries.items() if kind in kinds]
+                 for P, kinds in JOB_KINDS.items()}
+    return per_world, ((tmp, models), entries)
+
+
+TP_GUESTS["verify_tp"] = _guest
+
+
+@pytest.fixture(scope="module")
+def guest(tmp_path_factory):
+    return tp_runs(tmp_path_factory)["guests"]["verify_tp"]
+
+
+@pytest.fixture(scope="module")
+def verdict_models(guest):
+    return guest["context"][0]
+
+
+@pytest.fixture(scope="module")
+def tp_jobs(guest):
+    """{(P, which, prop, "fast" / "blocked"): rank 0's result} from test_tp.py's job of P."""
+    entries = guest["context"][1]
     out = {}
-    for P, kinds in ((2, ("fast", "blocked")), (3, ("fast",))):
-        job = [e for (_, kind), (e, _) in entries.items() if kind in kinds]
-        got = run_job(tmp, job, [], P, tag="tp_verify")
+    for P, kinds in JOB_KINDS.items():
         for (which, kind), (e, specs) in entries.items():
             if kind in kinds:
                 for prop in PROPS:
-                    out[(P, which, prop, kind)] = got[(e["dir"], specs[prop])]
+                    out[(P, which, prop, kind)] = guest[P][(e["dir"], specs[prop])]
     return out
 
 
