@@ -185,3 +185,35 @@ def test_dot_over_a_vectors_support_equals_the_dense_dot(K):
         got = with_threads(2, lambda: support_dot.dot(a[:, support].contiguous(),
                                                      v[support], support, K))
         assert same(got, S.dot_last(a, v))
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_a_vector_per_row_equals_each_rows_own_product(seed):
+    """`blocked_gemm.row_pairs` (dot_last with a vector per row: batched block diagonals)
+    gives every row the bits of the blocked product of its two vectors, for any number of
+    rows (padding to MIN_COLS), blocks, thread count and batch shape."""
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(12):
+        K = rng.choice([1, 31, 256, 257, 700, 1300])
+        G = rng.choice([1, 7, 32, 33, 300, 1100])
+        a = torch.randn(G, K, generator=g) * torch.exp(2 * torch.randn(G, 1, generator=g))
+        b = torch.randn(G, K, generator=g)
+        got = with_threads(rng.randint(1, 4), lambda: S.dot_last(a.view(1, G, K), b))
+        rows = sorted(rng.sample(range(G), min(G, 5)))
+        for r in rows:
+            assert same(got[0, r], S.blocked_matmul(a[r][None], b[r][None])[0, 0]), (G, K, r)
+        assert same(got[0], with_threads(1, lambda: S.dot_last(a, b)))
+
+
+def test_pool_threads_keep_one_mkl_thread_after_torch_parallel_work():
+    """The tiles' threads run MKL on one thread even after torch work that starts OpenMP
+    in them (a multi-block bias dot's batched GEMMs and tree adds): torch resets a
+    thread's MKL count the first time it asks for it, which changed a T = 4 product's
+    rows before `_worker_init` asked first."""
+    x, w = data((32, 3000), 1), data((32, 3000), 2)
+    ref = with_threads(1, lambda: S.blocked_matmul(x, w))
+    rows, v = data((20000, 3000), 3), data((3000,), 4)
+    with threads(4):
+        S.dot_last(rows, v)                     # batched GEMMs in every pool thread
+        assert same(S.blocked_matmul(x, w), ref)

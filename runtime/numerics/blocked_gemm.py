@@ -65,6 +65,13 @@ def available(t: torch.Tensor) -> bool:
 
 
 def _worker_init():
+    # torch sets a thread's MKL and OpenMP thread counts to its intra-op count the first
+    # time that thread asks for them (ATen's lazy_init_num_threads: a parallel_for, such as
+    # a large add or a bmm, or get_num_threads), overwriting what is set here; then MKL ran
+    # the thread's later GEMMs on T threads, in other orders (measured: rows of a T = 3
+    # blocked product changed after a multi-block bias dot had run in the pool). So that
+    # first time happens here, before the settings.
+    torch.get_num_threads()
     _MKL_LOCAL(1)               # thread-local: the main thread's MKL keeps its setting
     if _OMP_SET is not None:
         _OMP_SET(1)             # per-thread ICV: no nested OpenMP teams in the tree adds
@@ -195,6 +202,59 @@ def _run_tiles(tile_fn, args, tiles, T) -> None:
         _MKL_LOCAL(prev)
     for f in futures:
         f.result()
+
+
+# ----------------------------------------------------------------------------- row pairs
+def row_pairs(a2: torch.Tensor, b2: torch.Tensor) -> torch.Tensor:
+    """(G,) float32: element g is ``tree_product(a2[g:g+1], b2[g:g+1], 1)``, the blocked
+    dot of row g of ``a2`` with row g of ``b2`` (both (G, K) contiguous): a dot per row
+    with its own vector (full alpha-CROWN's intercept terms, one line per row and neuron).
+
+    Why not one GEMM per MIN_COLS rows (their block diagonal): a call each, ~20-40 us of
+    overhead for a few us of arithmetic (3.2 ms for 512 rows of 256; here 0.5 ms). The
+    block diagonals are one batched GEMM per chunk instead: for every 256-block of K, the
+    (MIN_COLS, BLOCK) rows of a group against the same group's rows of b, the pinned
+    single-threaded shape (>= MIN_ROWS rows, >= MIN_COLS columns), then the pair tree over
+    the blocks' diagonals. Same bits as the per-group GEMMs (each element one block's FMA
+    chain over its two rows); ``tests/test_blocked_kernel.py`` checks it on random shapes
+    and thread counts."""
+    G, K = a2.shape
+    n = MIN_COLS
+    Gp = -(-G // n) * n
+    if Gp != G:
+        a2, b2 = pad_rows(a2, Gp), pad_rows(b2, Gp)
+    out = torch.empty(Gp, dtype=torch.float32, device=a2.device)
+    T = torch.get_num_threads()
+    per_chunk = max(n, _SWAP_CHUNK // (_num_blocks(K) * n) // n * n)   # rows per pass
+    tiles = [(0, Gp)]
+    if T > 1 and Gp * n * K >= _PAR_MIN_WORK and Gp >= T * n:
+        tiles = [(Gp // n * i // T * n, Gp // n * (i + 1) // T * n) for i in range(T)]
+    _run_tiles(_row_pairs_tile, (a2.detach(), b2.detach(), out, per_chunk), tiles, T)
+    return out[:G]
+
+
+def _row_pairs_tile(a2, b2, out, per_chunk, r0, r1) -> None:
+    """out[r0:r1] of ``row_pairs`` (r0, r1 multiples of MIN_COLS), ``per_chunk`` rows at a
+    time so the stacked block GEMMs stay ~_SWAP_CHUNK elements."""
+    K, n = a2.shape[1], MIN_COLS
+    nb, full = _num_blocks(K), K // BLOCK
+    for a in range(r0, r1, per_chunk):
+        b = min(r1, a + per_chunk)
+        c = (b - a) // n
+        xs, ws = a2[a:b], b2[a:b]
+        parts = torch.empty((nb, c, n, n), dtype=torch.float32, device=a2.device)
+        if full:
+            k1 = full * BLOCK
+            lhs = xs[:, :k1].view(c, n, full, BLOCK).permute(2, 0, 1, 3).reshape(full * c, n,
+                                                                                  BLOCK)
+            rhs = ws[:, :k1].view(c, n, full, BLOCK).permute(2, 0, 1, 3).reshape(full * c, n,
+                                                                                  BLOCK)
+            torch.bmm(lhs, rhs.transpose(1, 2), out=parts[:full].view(full * c, n, n))
+        if full < nb:
+            torch.bmm(xs[:, full * BLOCK:].reshape(c, n, -1),
+                      ws[:, full * BLOCK:].reshape(c, n, -1).transpose(1, 2), out=parts[full])
+        res = _tree_levels(parts.diagonal(dim1=2, dim2=3))      # (c, n)
+        out[a:b] = res.reshape(-1).add_(0.0)                    # -0.0 -> +0.0
 
 
 # ----------------------------------------------------------------------------- few columns

@@ -193,9 +193,10 @@ def _blocked_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
     The rows are grouped by the vector they meet: one vector for all rows (bias
     and box terms: one GEMM), one vector per group along the last batch dim
-    (per-box terms), or a vector per row.  Groups go ``MIN_COLS`` at a time into
-    one GEMM whose block diagonal is the answer; the GEMM is padded to
-    ``MIN_COLS`` columns anyway, so this costs no extra flops.
+    (per-box terms), or a vector per row (``blocked_gemm.row_pairs``: batched block
+    diagonals).  Groups go ``MIN_COLS`` at a time into one GEMM whose block diagonal
+    is the answer; the GEMM is padded to ``MIN_COLS`` columns anyway, so this costs no
+    extra flops.
     """
     K = b.shape[-1]
     if b.numel() == K and a.shape[-1] == K and K:         # one vector for all rows: one GEMM
@@ -218,6 +219,9 @@ def _blocked_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     else:
         G, R = lead.numel(), 1
         b2 = b.expand(shape).reshape(G, K)
+        if a.dtype == torch.float32 and blocked_gemm.available(a):     # a vector per row
+            return blocked_gemm.row_pairs(a.expand(shape).reshape(G, K).contiguous(),
+                                          b2.contiguous()).reshape(lead)
     a3 = a.expand(shape).reshape(G, R, K)
     out = torch.empty((G, R), dtype=torch.float32, device=a.device)
     for g0 in range(0, G, MIN_COLS):
