@@ -183,9 +183,46 @@ def tree_product(x2: torch.Tensor, wp: torch.Tensor, N: int) -> torch.Tensor:
         if y.shape[0] != M or y.shape[1] != N:
             y = y[:M, :N].clone()           # compact storage: the memory ledger counts it
         return y.add_(0.0)
+    if len(tiles) == 1 and M <= _ROW_CHUNK and max(M, MIN_ROWS) * max(N, MIN_COLS) * _num_blocks(
+            K) <= _STACK_MAX:
+        return _stacked_blocks(x2, wp, N)
     out = torch.empty((M, N), dtype=torch.float32, device=x2.device)
     _run_tiles(_tile, (x2, wp, N, out), tiles, T)
     return out
+
+
+_STACK_MAX = 1 << 22      # elements of stacked block products `_stacked_blocks` may make
+
+
+def _stacked_blocks(x2: torch.Tensor, wp: torch.Tensor, N: int) -> torch.Tensor:
+    """``tree_product`` on one thread for a few rows (<= _ROW_CHUNK) and several K-blocks:
+    the full blocks' GEMMs as one batched call on strided views, the last partial block as
+    one GEMM, the pair tree level by level (`_tree_levels`, `blocktree._eval`'s pairs).
+
+    Why: `_tile` makes a GEMM call, a buffer and a Python tree step per block, which for
+    the spec rows of a bound (9 rows against a vector or a layer) cost ~10x the
+    arithmetic. Same operands per block GEMM (>= MIN_ROWS rows of x, >= MIN_COLS rows of
+    wp, row-major, wp passed transposed), so the same bits."""
+    M, K = x2.shape
+    xp = x2 if M >= MIN_ROWS else pad_rows(x2, MIN_ROWS)
+    wt = wp[:max(N, MIN_COLS)]
+    m, w = xp.shape[0], wt.shape[0]
+    nb, full = _num_blocks(K), K // BLOCK
+    parts = torch.empty((nb, m, w), dtype=torch.float32, device=x2.device)
+    k1 = full * BLOCK
+    prev = _MKL_LOCAL(1)
+    try:
+        if full:
+            torch.bmm(xp[:, :k1].view(m, full, BLOCK).transpose(0, 1),
+                      wt[:, :k1].view(w, full, BLOCK).permute(1, 2, 0), out=parts[:full])
+        if full < nb:
+            torch.mm(xp[:, k1:], wt[:, k1:].T, out=parts[full])
+    finally:
+        _MKL_LOCAL(prev)
+    y = _tree_levels(parts)
+    if m != M or w != N:
+        y = y[:M, :N].clone()               # compact storage: the memory ledger counts it
+    return y.add_(0.0)                      # -0.0 -> +0.0
 
 
 def _run_tiles(tile_fn, args, tiles, T) -> None:
@@ -235,24 +272,18 @@ def row_pairs(a2: torch.Tensor, b2: torch.Tensor) -> torch.Tensor:
 
 def _row_pairs_tile(a2, b2, out, per_chunk, r0, r1) -> None:
     """out[r0:r1] of ``row_pairs`` (r0, r1 multiples of MIN_COLS), ``per_chunk`` rows at a
-    time so the stacked block GEMMs stay ~_SWAP_CHUNK elements."""
+    time so the stacked block GEMMs stay ~_SWAP_CHUNK elements. One batched GEMM per
+    256-block, on strided views of the rows (no copies)."""
     K, n = a2.shape[1], MIN_COLS
-    nb, full = _num_blocks(K), K // BLOCK
+    nb = _num_blocks(K)
     for a in range(r0, r1, per_chunk):
         b = min(r1, a + per_chunk)
         c = (b - a) // n
-        xs, ws = a2[a:b], b2[a:b]
+        xs, ws = a2[a:b].view(c, n, K), b2[a:b].view(c, n, K)
         parts = torch.empty((nb, c, n, n), dtype=torch.float32, device=a2.device)
-        if full:
-            k1 = full * BLOCK
-            lhs = xs[:, :k1].view(c, n, full, BLOCK).permute(2, 0, 1, 3).reshape(full * c, n,
-                                                                                  BLOCK)
-            rhs = ws[:, :k1].view(c, n, full, BLOCK).permute(2, 0, 1, 3).reshape(full * c, n,
-                                                                                  BLOCK)
-            torch.bmm(lhs, rhs.transpose(1, 2), out=parts[:full].view(full * c, n, n))
-        if full < nb:
-            torch.bmm(xs[:, full * BLOCK:].reshape(c, n, -1),
-                      ws[:, full * BLOCK:].reshape(c, n, -1).transpose(1, 2), out=parts[full])
+        for j in range(nb):
+            k0, k1 = j * BLOCK, min(K, j * BLOCK + BLOCK)
+            torch.bmm(xs[:, :, k0:k1], ws[:, :, k0:k1].transpose(1, 2), out=parts[j])
         res = _tree_levels(parts.diagonal(dim1=2, dim2=3))      # (c, n)
         out[a:b] = res.reshape(-1).add_(0.0)                    # -0.0 -> +0.0
 
