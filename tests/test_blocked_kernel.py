@@ -217,3 +217,14 @@ def test_pool_threads_keep_one_mkl_thread_after_torch_parallel_work():
     with threads(4):
         S.dot_last(rows, v)                     # batched GEMMs in every pool thread
         assert same(S.blocked_matmul(x, w), ref)
+
+
+@pytest.mark.parametrize("K", [10, 256, 784])
+def test_few_rows_against_one_vector_equal_each_rows_product(K):
+    """dot_last's short path for fewer than MIN_COLS rows and one vector (a bound's spec
+    rows against a bias or a box centre) gives each row its own product's bits."""
+    A, v = data((1, 9, K), K, spread=1.0), data((K,), 5)
+    for b in (v, v.view(1, 1, K)):
+        got = with_threads(2, lambda: S.dot_last(A, b))
+        for i in range(9):
+            assert same(got[0, i], S.blocked_matmul(A[0, i][None], v[None])[0, 0])

@@ -257,6 +257,8 @@ def row_pairs(a2: torch.Tensor, b2: torch.Tensor) -> torch.Tensor:
     and thread counts."""
     G, K = a2.shape
     n = MIN_COLS
+    if G <= n:      # one group: its product's diagonal, through the general kernel
+        return tree_product(a2, pad_rows(b2, n), G).diagonal().clone()
     Gp = -(-G // n) * n
     if Gp != G:
         a2, b2 = pad_rows(a2, Gp), pad_rows(b2, Gp)
