@@ -191,7 +191,8 @@ def tree_product(x2: torch.Tensor, wp: torch.Tensor, N: int) -> torch.Tensor:
     return out
 
 
-_STACK_MAX = 1 << 22      # elements of stacked block products `_stacked_blocks` may make
+_STACK_MAX = 1 << 19      # elements of stacked block products `_stacked_blocks` may make (above
+                          # it, measured, `_tile`'s per-block GEMMs are as fast or faster)
 
 
 def _stacked_blocks(x2: torch.Tensor, wp: torch.Tensor, N: int) -> torch.Tensor:
