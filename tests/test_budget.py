@@ -7,9 +7,10 @@
   not the test's 60 s guard against hangs, stopped it). The command's promise of an answer
   within 1.8 s of the budget is a wall-clock one, and a loaded machine delays any process:
   it is not asserted here (a tight bound on it flaked under load);
-- the same with a rank SIGSTOPped mid-run (budget 20 s, so that the ranks have started
-  before it ends even on a loaded machine): `timeout`, exit code 3, one line naming the
-  stopped rank and saying the launcher killed it at the verify deadline;
+- the same with a rank SIGSTOPped mid-run (budget 30 s, so that the ranks have started
+  before it ends even on a loaded machine; skipped, saying so, where they had not):
+  `timeout`, exit code 3, one line naming the stopped rank and saying the launcher killed it
+  at the verify deadline;
 - SIGINT (and SIGTERM) to the launcher: one line `interrupted`, exit code 130, no process
   of the job alive 5 s later, no traceback, no result file, no temporary directory left.
 
@@ -35,7 +36,7 @@ import zoo
 from test_vnncomp_scripts import _write_property     # the one VNN-LIB writer of one row
 
 TIMEOUT = 10                # verify --timeout
-STOPPED_TIMEOUT = 20        # ... with a rank SIGSTOPped: start-up (compile, launch) must fit
+STOPPED_TIMEOUT = 30        # ... with a rank SIGSTOPped: start-up (compile, launch) must fit
 JOINED_CPU = 3.0            # CPU s a rank has used once it has joined and is bounding
 HANG_GUARD = 60             # the test's own limit: only a run that ignored its budget meets it
 
@@ -88,13 +89,17 @@ def _alive(pid: int) -> bool:
     return fields is not None and fields[0] != "Z"
 
 
-def _wait_for_ranks(proc, n: int, limit: float) -> list[int]:
+def _wait_for_ranks(proc, n: int, limit: float, required: bool = True) -> list[int] | None:
+    """The launcher's `n` rank pids once started (at most `limit` s); not started: a failure,
+    or None where the caller copes (`required=False`)."""
     end = time.monotonic() + limit
     while time.monotonic() < end and proc.poll() is None:
         kids = _children(proc.pid)
         if len(kids) >= n:
             return kids
         time.sleep(0.05)
+    if not required:
+        return None
     pytest.fail(f"the launcher did not start {n} ranks within {limit} s")
 
 
@@ -162,7 +167,9 @@ def _assert_answered_at_the_budget(result, report, started, timeout):
         data = json.load(f)
     assert data["verdict"] == "timeout", data
     at = os.stat(result).st_mtime - started
-    assert timeout - stop_margins(timeout, 2)[0] <= at < 2 * timeout, at
+    # (the upper limit: before the test's own guard would have stopped a run that ignored
+    # its budget, with room for a loaded machine's delays: 2 x budget flaked at load 10)
+    assert timeout - stop_margins(timeout, 2)[0] <= at < HANG_GUARD - 5, at
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc")
@@ -189,10 +196,25 @@ def test_a_sigstopped_rank_still_gives_timeout(hard, tmp_path):
     started, start = time.time(), time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=_env(tmp_path))
-    ranks = _wait_for_ranks(proc, 2, STOPPED_TIMEOUT - 4)
+    stop_by = STOPPED_TIMEOUT - 4
+    ranks = _wait_for_ranks(proc, 2, stop_by, required=False)
     # stopped before it joined the process group, rank 1 would make rank 0's join time out
     # (another failure, reported as such): stop it only once both ranks are bounding
-    _wait_until_working(ranks, JOINED_CPU, STOPPED_TIMEOUT - 4 - (time.monotonic() - start))
+    if ranks:
+        _wait_until_working(ranks, JOINED_CPU, stop_by - (time.monotonic() - start))
+    if not ranks or min(_cpu_seconds(p) for p in ranks) < JOINED_CPU or (
+            time.monotonic() - start > stop_by):
+        # Start-up (imports, compile, launch, join) is wall-clock and the budget runs from the
+        # command's start: on a machine busy enough (measured: load 10 on 2 cores) the ranks
+        # were not bounding yet when the budget was nearly spent, so there was nothing to
+        # stop mid-run. Not a verdict on the launcher (the other tests here fail if it
+        # never starts its ranks): the run is left to end, and the test says why it stops.
+        _watch_result(proc, result, start, HANG_GUARD)
+        for pid in ranks or []:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        pytest.skip(f"machine too busy: the ranks were not bounding {stop_by} s into the "
+                    f"{STOPPED_TIMEOUT} s budget, so no rank could be stopped mid-run")
     os.kill(ranks[1], signal.SIGSTOP)
     try:
         written, out, err = _watch_result(proc, result, start, HANG_GUARD)
